@@ -1,0 +1,103 @@
+/* Allocation: the generic path behind the inline fast path, and the
+ * aligned, zeroing and resizing variants. */
+#include "internal.h"
+
+HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
+  if (HAK_UNLIKELY(heap == &hak_heap_empty)) {
+    heap = hak_heap_get();
+    if (heap == NULL) {
+      errno = ENOMEM;
+      return NULL;
+    }
+  }
+  if (HAK_LIKELY(size <= HAK_BIG_MAX)) {
+    size_t cls = hak_size_class(size);
+    hak_block_t *b = heap->free[cls];
+    if (HAK_LIKELY(b != NULL)) {
+      heap->free[cls] = b->next;
+    } else {
+      b = hak_heap_refill(heap, cls);
+      if (HAK_UNLIKELY(b == NULL)) {
+        errno = ENOMEM;
+        return NULL;
+      }
+    }
+    HAK_CSTAT_ALLOC(cls, size);
+    return b;
+  }
+  return hak_large_alloc(size, 0, false);
+}
+
+/* A class whose blocks are all `align`-aligned: block sizes that are a
+ * multiple of align, in slabs whose start is 4 KiB aligned. */
+static void *alloc_aligned_slab(size_t align, size_t size) {
+  size_t need = size < align ? align : size;
+  size_t cls = hak_size_class(need);
+  while (cls < HAK_CLASSES && hak_class_size[cls] % align != 0) cls++;
+  if (cls == HAK_CLASSES) return hak_large_alloc(size, align, false);
+  hak_heap_t *heap = hak_heap_get();
+  if (heap == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  hak_block_t *b = heap->free[cls];
+  if (b) heap->free[cls] = b->next;
+  else if ((b = hak_heap_refill(heap, cls)) == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  HAK_CSTAT_ALLOC(cls, size);
+  HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
+  return b;
+}
+
+void *hak_alloc_aligned(size_t align, size_t size) {
+  HAK_ASSERT(align != 0 && (align & (align - 1)) == 0);
+  if (align <= 16) return hak_malloc_inline(size);
+  if (align <= HAK_SLAB_ALIGN_MAX && size <= HAK_BIG_MAX) return alloc_aligned_slab(align, size);
+  return hak_large_alloc(size, align, false);
+}
+
+void *hak_alloc_zero(size_t count, size_t size) {
+  size_t total;
+  if (HAK_UNLIKELY(__builtin_mul_overflow(count, size, &total))) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (total > HAK_BIG_MAX) return hak_large_alloc(total, 0, true);
+  void *p = hak_malloc_inline(total);
+  if (HAK_LIKELY(p != NULL)) memset(p, 0, total);
+  return p;
+}
+
+/* Usable size of a valid block in a slab segment. */
+static size_t slab_block_size(hak_segment_t *seg, const void *p) {
+  return hak_slab_of(seg, p)->block_size;
+}
+
+void *hak_realloc_impl(void *p, size_t size) {
+  if (p == NULL) return hak_malloc_inline(size);
+  if (size == 0) { /* glibc: frees and returns NULL */
+    hak_free_inline(p);
+    return NULL;
+  }
+  hak_segment_t *seg = hak_segment_of(p);
+  if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
+  if (seg->kind == HAK_KIND_LARGE) return hak_large_realloc(seg, p, size);
+  size_t old = slab_block_size(seg, p);
+  /* In place when it fits and wastes at most half the block. */
+  if (size <= old && size >= old / 2) return p;
+  void *q = hak_malloc_inline(size);
+  if (q == NULL) return NULL; /* p stays valid */
+  memcpy(q, p, size < old ? size : old);
+  hak_free_inline(p);
+  return q;
+}
+
+size_t hak_usable_size_impl(const void *p) {
+  if (p == NULL) return 0;
+  hak_segment_t *seg = hak_segment_of(p);
+  if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
+  if (seg->kind == HAK_KIND_LARGE) return seg->large_size;
+  return slab_block_size(seg, p);
+}

@@ -1,0 +1,63 @@
+/* Free: the generic path behind the inline fast path. It handles NULL,
+ * large blocks, FULL slabs of this thread, frees from other threads, and
+ * names invalid and double frees. */
+#include "internal.h"
+
+#include <unistd.h>
+
+static HAK_COLD __attribute__((noreturn)) void report(const char *what, const void *p) {
+  hak_fatal("hakmem: %s of %p", what, p);
+}
+
+HAK_COLD void hak_invalid_free(const void *p) { report("invalid free", p); }
+
+/* Aborts unless p is the start of a block that was handed out. */
+static void check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
+  if (HAK_UNLIKELY(slab->state == HAK_SLAB_FREE)) report("invalid free", p);
+  size_t off = (size_t)((const uint8_t *)p - hak_slab_start(seg, slab));
+  if (HAK_UNLIKELY(off % slab->block_size != 0 || off / slab->block_size >= slab->reserved))
+    report("invalid free", p);
+}
+
+static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
+  hak_block_t *head = atomic_load_explicit(&slab->remote, memory_order_relaxed);
+  do {
+    b->next = head;
+  } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, b, memory_order_release,
+                                                  memory_order_relaxed));
+  /* A FULL slab is off its owner's queues: tell the owner to look. */
+  if (__atomic_load_n(&slab->state, __ATOMIC_RELAXED) == HAK_SLAB_FULL) {
+    hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+    if (owner) atomic_store(&owner->full_remote, 1);
+  }
+}
+
+HAK_NOINLINE void hak_free_generic(void *p) {
+  if (p == NULL) return;
+  hak_segment_t *seg = hak_segment_of(p);
+  if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
+  if (seg->kind == HAK_KIND_LARGE) {
+    if (HAK_UNLIKELY((uint8_t *)p != (uint8_t *)seg + seg->large_offset)) hak_invalid_free(p);
+    hak_large_free(seg);
+    return;
+  }
+  hak_slab_t *slab = hak_slab_of(seg, p);
+  check_block(seg, slab, p);
+  HAK_CSTAT_FREE(slab->cls);
+  hak_heap_t *heap = hak_tls_heap;
+  if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) {
+    free_remote(seg, slab, (hak_block_t *)p);
+    return;
+  }
+  /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
+  HAK_ASSERT(slab->state == HAK_SLAB_FULL);
+  hak_block_t *b = (hak_block_t *)p;
+  b->next = slab->local_free;
+  slab->local_free = b;
+  slab->used--;
+  hak_queue_remove(&heap->full[slab->cls], slab);
+  hak_queue_push_back(&heap->queue[slab->cls], slab);
+  slab->state = HAK_SLAB_ACTIVE;
+  atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
+  if (slab->used == 0) hak_slab_emptied(heap, slab);
+}

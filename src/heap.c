@@ -1,0 +1,112 @@
+/* Thread heaps. A new thread's heap pointer is the empty sentinel, whose
+ * lists are all empty, so its first malloc takes the slow path, which
+ * creates the real heap: the fast path never tests for initialisation.
+ * Heap structs come from a pool and are never unmapped, so a stale pointer
+ * to a dead heap (a hint written by another thread) stays harmless. */
+#include "internal.h"
+
+hak_heap_t hak_heap_empty;
+__thread hak_heap_t *hak_tls_heap = &hak_heap_empty;
+pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static hak_heap_t *heaps_live;
+static hak_heap_t *heaps_pool;
+static uint8_t *pool_cursor;
+static size_t pool_left;
+
+#define HAK_HEAP_CHUNK ((size_t)256 * 1024)
+
+static hak_heap_t *heap_struct_alloc(void) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  hak_heap_t *h = heaps_pool;
+  if (h) {
+    heaps_pool = h->next;
+  } else {
+    size_t sz = (sizeof(hak_heap_t) + 63) & ~(size_t)63;
+    if (pool_left < sz) {
+      pool_cursor = hak_os_map(HAK_HEAP_CHUNK);
+      pool_left = pool_cursor ? HAK_HEAP_CHUNK : 0;
+    }
+    if (pool_left >= sz) {
+      h = (hak_heap_t *)pool_cursor;
+      pool_cursor += sz;
+      pool_left -= sz;
+    }
+  }
+  if (h) {
+    memset(h, 0, sizeof *h);
+    h->next = heaps_live;
+    if (heaps_live) heaps_live->prev = h;
+    heaps_live = h;
+  }
+  pthread_mutex_unlock(&hak_heaps_lock);
+  return h;
+}
+
+static void heap_struct_free(hak_heap_t *h) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  if (h->prev) h->prev->next = h->next;
+  else heaps_live = h->next;
+  if (h->next) h->next->prev = h->prev;
+  h->next = heaps_pool;
+  heaps_pool = h;
+  pthread_mutex_unlock(&hak_heaps_lock);
+}
+
+hak_heap_t *hak_heap_get(void) {
+  hak_heap_t *h = hak_tls_heap;
+  if (h != &hak_heap_empty) return h;
+  hak_process_init();
+  h = heap_struct_alloc();
+  if (h == NULL) return NULL;
+  hak_tls_heap = h;
+  /* may allocate (glibc's second-level key array): the heap is ready */
+  if (atomic_load_explicit(&hak_key_ready, memory_order_acquire))
+    pthread_setspecific(hak_thread_key, h);
+  return h;
+}
+
+/* Puts the heap's free lists back onto their slabs. */
+static void heap_return_lists(hak_heap_t *heap) {
+  for (size_t c = 0; c < HAK_CLASSES; c++) {
+    if (heap->free[c] == NULL) continue;
+    hak_slab_give_back(heap->queue[c].first, heap->free[c]);
+    heap->free[c] = NULL;
+  }
+}
+
+void hak_heap_done(hak_heap_t *heap) {
+  if (heap == &hak_heap_empty) return;
+  heap_return_lists(heap);
+  hak_segment_abandon_all(heap);
+  if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
+  heap_struct_free(heap);
+}
+
+void hak_heap_collect(hak_heap_t *heap, bool force) {
+  if (heap == &hak_heap_empty) return;
+  heap_return_lists(heap);
+  if (force) hak_segment_reclaim_abandoned(heap);
+  for (size_t c = 0; c < HAK_CLASSES; c++) {
+    hak_slab_t *s = heap->queue[c].first;
+    while (s) {
+      hak_slab_t *next = s->next;
+      hak_slab_collect_remote(s);
+      if (s->used == 0) {
+        hak_queue_remove(&heap->queue[c], s);
+        hak_segment_free_slab(heap, s);
+      }
+      s = next;
+    }
+  }
+  hak_segment_purge(heap, force);
+}
+
+void hak_heaps_abandon_others(hak_heap_t *keep) {
+  hak_heap_t *h = heaps_live;
+  while (h) {
+    hak_heap_t *next = h->next;
+    if (h != keep) hak_heap_done(h);
+    h = next;
+  }
+}

@@ -1,0 +1,77 @@
+/* Process and thread life cycle: one-time initialisation (options, the
+ * thread-exit key, fork handlers), thread exit, fork, and exit. */
+#include "internal.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+pthread_key_t hak_thread_key;
+_Atomic int hak_key_ready;
+
+enum { INIT_NONE, INIT_RUNNING, INIT_DONE };
+static _Atomic int init_state;
+static __thread bool init_here; /* this thread runs the initialisation */
+
+static void thread_done(void *value) {
+  hak_heap_t *heap = value;
+  if (heap != NULL && heap == hak_tls_heap) hak_heap_done(heap);
+}
+
+/* fork: hold every global lock across fork so the child sees consistent
+ * state, then give the child the heaps of threads that no longer exist. */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  pthread_mutex_lock(&hak_segment_lock);
+  pthread_mutex_lock(&hak_large_lock);
+}
+static void fork_parent(void) {
+  pthread_mutex_unlock(&hak_large_lock);
+  pthread_mutex_unlock(&hak_segment_lock);
+  pthread_mutex_unlock(&hak_heaps_lock);
+}
+static void fork_child(void) {
+  pthread_mutex_init(&hak_large_lock, NULL);
+  pthread_mutex_init(&hak_segment_lock, NULL);
+  pthread_mutex_init(&hak_heaps_lock, NULL);
+  hak_heaps_abandon_others(hak_tls_heap);
+}
+
+void hak_process_init(void) {
+  if (HAK_LIKELY(atomic_load_explicit(&init_state, memory_order_acquire) == INIT_DONE)) return;
+  int expected = INIT_NONE;
+  if (!atomic_compare_exchange_strong(&init_state, &expected, INIT_RUNNING)) {
+    if (init_here) return; /* re-entered from our own initialisation */
+    while (atomic_load_explicit(&init_state, memory_order_acquire) != INIT_DONE) sched_yield();
+    return;
+  }
+  init_here = true;
+  hak_options_load();
+  atomic_store_explicit(&init_state, INIT_DONE, memory_order_release);
+  /* These may allocate; allocation works from here on. */
+  if (pthread_key_create(&hak_thread_key, thread_done) == 0)
+    atomic_store_explicit(&hak_key_ready, 1, memory_order_release);
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  init_here = false;
+  if (hak_opt.verbose) hak_options_print(2);
+}
+
+__attribute__((constructor)) static void process_start(void) {
+  hak_process_init();
+  /* The main thread's heap may predate the key. */
+  if (hak_tls_heap != &hak_heap_empty && atomic_load(&hak_key_ready))
+    pthread_setspecific(hak_thread_key, hak_tls_heap);
+}
+
+__attribute__((destructor)) static void process_end(void) {
+  if (hak_opt.stats) hak_stats_report(2);
+}
+
+const char *hak_version(void) {
+#if HAK_DEBUG
+  return "hakmem " HAK_VERSION " (debug)";
+#elif HAK_STATS
+  return "hakmem " HAK_VERSION " (stats)";
+#else
+  return "hakmem " HAK_VERSION " (release)";
+#endif
+}

@@ -1,0 +1,224 @@
+/* hakmem internal interface: cross-file functions (prefix hak_i_ is not
+ * used; internal functions are hidden by -fvisibility=hidden and named
+ * hak_<layer>_<verb>) and the force-inlined fast paths. */
+#ifndef HAK_INTERNAL_H
+#define HAK_INTERNAL_H
+
+#include "types.h"
+#include "hakmem.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HAK_INLINE static inline __attribute__((always_inline))
+#define HAK_NOINLINE __attribute__((noinline))
+#define HAK_COLD __attribute__((noinline, cold))
+#define HAK_LIKELY(x) __builtin_expect(!!(x), 1)
+#define HAK_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define HAK_EXPORT __attribute__((visibility("default")))
+
+#ifndef HAK_DEBUG
+#define HAK_DEBUG 0
+#endif
+#ifndef HAK_STATS
+#define HAK_STATS 0
+#endif
+
+/* ---- assertions (debug builds only) ---- */
+HAK_COLD __attribute__((noreturn)) void hak_fatal(const char *fmt, ...);
+#if HAK_DEBUG
+#define HAK_ASSERT(c)                                                        \
+  do {                                                                       \
+    if (HAK_UNLIKELY(!(c)))                                                  \
+      hak_fatal("hakmem: assertion failed: %s (%s:%d)", #c, __FILE__, __LINE__); \
+  } while (0)
+#else
+#define HAK_ASSERT(c) ((void)0)
+#endif
+
+/* ---- size classes (classes.c) ---- */
+extern const uint32_t hak_class_size[HAK_CLASSES];
+extern const uint8_t hak_small_class[HAK_SMALL_MAX / 16 + 1];
+
+/* Class of a size <= HAK_BIG_MAX. */
+HAK_INLINE size_t hak_size_class(size_t size) {
+  if (size <= HAK_SMALL_MAX) return hak_small_class[(size + 15) >> 4];
+  size_t s = size - 1;
+  unsigned e = 63 - (unsigned)__builtin_clzl(s);
+  return HAK_SMALL_CLASSES + (e - 10) * 4 + ((s >> (e - 2)) & 3);
+}
+HAK_INLINE unsigned hak_class_kind(size_t cls) {
+  size_t bs = hak_class_size[cls];
+  return bs <= HAK_SMALL_MAX ? HAK_KIND_SMALL : bs <= HAK_MID_MAX ? HAK_KIND_MID : HAK_KIND_BIG;
+}
+
+/* ---- os.c: the only place that talks to the kernel ---- */
+void *hak_os_map(size_t size);
+void hak_os_unmap(void *p, size_t size);
+/* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
+void *hak_os_map_aligned(size_t size, size_t align);
+void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
+/* mremap: in place when target is NULL, else moved to target (replacing
+ * what is mapped there); NULL on failure. */
+void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);
+uint64_t hak_clock_ms(void);
+size_t hak_os_rss(void);
+size_t hak_os_rss_peak(void);
+
+/* ---- segment map: one bit per 4 MiB chunk of the 47-bit address space ---- */
+#define HAK_SEGMAP_WORDS ((size_t)1 << (47 - HAK_SEG_SHIFT - 6))
+extern _Atomic uint64_t hak_segmap[HAK_SEGMAP_WORDS];
+
+/* The segment of p, or NULL if p is not in memory hakmem handed out.
+ * NULL itself maps to the last chunk of the address space, never used. */
+HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
+  uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
+  uint64_t word = atomic_load_explicit(
+      &hak_segmap[(chunk >> 6) & (HAK_SEGMAP_WORDS - 1)], memory_order_relaxed);
+  if (HAK_UNLIKELY(!((word >> (chunk & 63)) & 1))) return NULL;
+  return (hak_segment_t *)(chunk << HAK_SEG_SHIFT);
+}
+HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
+  return &seg->slabs[((uintptr_t)p - (uintptr_t)seg) >> seg->slab_shift];
+}
+HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
+  size_t off = (size_t)slab->index << seg->slab_shift;
+  return (uint8_t *)seg + (off ? off : HAK_SEG_HEADER);
+}
+HAK_INLINE size_t hak_slab_bytes(hak_segment_t *seg, hak_slab_t *slab) {
+  return ((size_t)1 << seg->slab_shift) - (slab->index ? 0 : HAK_SEG_HEADER);
+}
+HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
+  return (hak_segment_t *)((uintptr_t)slab & ~HAK_SEG_MASK);
+}
+
+/* ---- segment.c ---- */
+void hak_segmap_set(hak_segment_t *seg, bool on);
+/* A FREE slab of `kind` for heap (own segments, then adopted, cached or new
+ * ones); NULL when out of memory. May adopt abandoned segments: the caller
+ * re-checks its queues when *adopted is set. */
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopted);
+/* Marks a slab FREE; releases its segment when it was the last one. */
+void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab);
+/* Heap is going away: release or abandon every segment it owns. */
+void hak_segment_abandon_all(hak_heap_t *heap);
+/* Purge FREE slabs released longer than the purge delay ago (force: all). */
+void hak_segment_purge(hak_heap_t *heap, bool force);
+/* Return cached segments to the OS (force: all, else expired ones). */
+void hak_segment_cache_collect(bool force);
+/* Adopt every abandoned segment into heap and free the empty ones. */
+void hak_segment_reclaim_abandoned(hak_heap_t *heap);
+extern pthread_mutex_t hak_segment_lock;
+
+/* ---- slab.c ---- */
+void hak_slab_init(hak_slab_t *slab, size_t cls);
+/* Moves remote frees to local_free; returns how many were collected. */
+size_t hak_slab_collect_remote(hak_slab_t *slab);
+/* Puts a list of n blocks of slab back on its local free list. */
+void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
+/* Refills heap->free[cls]; returns a block or NULL (out of memory). */
+void *hak_heap_refill(hak_heap_t *heap, size_t cls);
+/* Free fast path found used == 0. */
+void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab);
+void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s);
+void hak_queue_push_back(hak_slab_queue_t *q, hak_slab_t *s);
+void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s);
+void hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
+
+/* ---- heap.c ---- */
+extern __thread hak_heap_t *hak_tls_heap;
+extern hak_heap_t hak_heap_empty; /* sentinel: all lists empty */
+/* The calling thread's heap, created on first use; NULL when out of memory. */
+hak_heap_t *hak_heap_get(void);
+void hak_heap_done(hak_heap_t *heap);
+void hak_heap_collect(hak_heap_t *heap, bool force);
+void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */
+extern pthread_mutex_t hak_heaps_lock;
+
+/* ---- large.c ---- */
+void *hak_large_alloc(size_t size, size_t align, bool zero);
+void hak_large_free(hak_segment_t *seg);
+void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size);
+void hak_large_cache_collect(bool force);
+extern pthread_mutex_t hak_large_lock;
+
+/* ---- alloc.c / free.c ---- */
+HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size);
+HAK_NOINLINE void hak_free_generic(void *p);
+void *hak_alloc_aligned(size_t align, size_t size);
+void *hak_alloc_zero(size_t count, size_t size);
+void *hak_realloc_impl(void *p, size_t size);
+size_t hak_usable_size_impl(const void *p);
+HAK_COLD __attribute__((noreturn)) void hak_invalid_free(const void *p);
+
+/* ---- options.c ---- */
+#include "options.h"
+
+/* ---- stats.c ---- */
+typedef struct {
+  _Atomic size_t mapped, mapped_peak, committed, os_mapped_total, os_returned;
+  _Atomic size_t segments, large_live, large_cached;
+  _Atomic size_t refills, slabs_allocated, purges, remote_collects;
+} hak_gstats_t;
+extern hak_gstats_t hak_gstats;
+#define HAK_STAT_ADD(f, n) atomic_fetch_add_explicit(&hak_gstats.f, (n), memory_order_relaxed)
+#define HAK_STAT_SUB(f, n) atomic_fetch_sub_explicit(&hak_gstats.f, (n), memory_order_relaxed)
+void hak_stats_mapped(size_t n, bool on);
+#if HAK_STATS
+/* Exact per-class counters (stats and debug builds only). */
+void hak_stats_class_alloc(size_t cls, size_t size);
+void hak_stats_class_free(size_t cls);
+size_t hak_stats_live_blocks(void); /* blocks allocated and not freed */
+#define HAK_CSTAT_ALLOC(cls, size) hak_stats_class_alloc(cls, size)
+#define HAK_CSTAT_FREE(cls) hak_stats_class_free(cls)
+#else
+#define HAK_CSTAT_ALLOC(cls, size) ((void)0)
+#define HAK_CSTAT_FREE(cls) ((void)0)
+#endif
+void hak_stats_report(int fd);
+
+/* ---- init.c ---- */
+void hak_process_init(void);
+extern pthread_key_t hak_thread_key;
+extern _Atomic int hak_key_ready;
+
+/* ---- fast paths ---- */
+
+HAK_INLINE void *hak_malloc_inline(size_t size) {
+  hak_heap_t *heap = hak_tls_heap;
+  if (HAK_LIKELY(size <= HAK_SMALL_MAX)) {
+    size_t cls = hak_small_class[(size + 15) >> 4];
+    hak_block_t *b = heap->free[cls];
+    if (HAK_LIKELY(b != NULL)) {
+      heap->free[cls] = b->next;
+      HAK_CSTAT_ALLOC(cls, size);
+      return b;
+    }
+  }
+  return hak_alloc_generic(heap, size);
+}
+
+HAK_INLINE void hak_free_inline(void *p) {
+  hak_segment_t *seg = hak_segment_of(p);
+  if (HAK_LIKELY(seg != NULL)) {
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    hak_heap_t *heap = hak_tls_heap;
+    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == heap)) {
+      HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
+      HAK_CSTAT_FREE(slab->cls);
+      hak_block_t *b = (hak_block_t *)p;
+      b->next = slab->local_free;
+      slab->local_free = b;
+      if (HAK_LIKELY(--slab->used != 0)) return;
+      hak_slab_emptied(heap, slab);
+      return;
+    }
+  }
+  hak_free_generic(p);
+}
+
+#endif

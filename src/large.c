@@ -1,0 +1,189 @@
+/* Large blocks (> 256 KiB or alignment > 4 KiB): one segment-aligned
+ * mapping each, header first, block one page (or one alignment) later.
+ * Freed blocks wait in a small cache for reuse and are unmapped once they
+ * have been idle for the purge delay. Resizing uses mremap. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
+static hak_segment_t *cache; /* most recently freed first */
+static size_t cache_bytes;
+
+static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
+
+static void large_unmap(hak_segment_t *seg) {
+  hak_segmap_set(seg, false);
+  hak_os_unmap(seg, seg->map_size);
+}
+
+/* Reuses a cached mapping of map_size..2*map_size bytes, or NULL. */
+static hak_segment_t *cache_take(size_t map_size) {
+  hak_segment_t *best = NULL;
+  pthread_mutex_lock(&hak_large_lock);
+  hak_segment_t **best_pp = NULL;
+  for (hak_segment_t **pp = &cache; *pp; pp = &(*pp)->next) {
+    size_t m = (*pp)->map_size;
+    if (m >= map_size && m / 2 <= map_size && (!best || m < best->map_size)) {
+      best = *pp;
+      best_pp = pp;
+    }
+  }
+  if (best) {
+    *best_pp = best->next;
+    cache_bytes -= best->map_size;
+    HAK_STAT_SUB(large_cached, best->map_size);
+  }
+  pthread_mutex_unlock(&hak_large_lock);
+  return best;
+}
+
+static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
+  uint8_t *seg;
+  if (align <= HAK_SEG_SIZE) {
+    seg = hak_os_map_aligned(map_size, HAK_SEG_SIZE);
+    if (seg == NULL) return NULL;
+  } else {
+    /* The block is aligned to more than a segment: its header sits in the
+     * chunk just before it, which is where (p - 1) rounds down to. */
+    size_t total = map_size + align + HAK_SEG_SIZE;
+    if (total < map_size) return NULL;
+    uint8_t *raw = hak_os_map(total);
+    if (raw == NULL) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + offset + align - 1) & ~(uintptr_t)(align - 1));
+    seg = p - offset;
+    hak_os_unmap(raw, (size_t)(seg - raw));
+    hak_os_unmap(seg + map_size, (size_t)(raw + total - (seg + map_size)));
+  }
+  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_WORDS * 64 - 1) {
+    hak_os_unmap(seg, map_size);
+    return NULL;
+  }
+  hak_segment_t *s = (hak_segment_t *)seg;
+  s->kind = HAK_KIND_LARGE;
+  s->slab_shift = 63;
+  s->slab_count = 1;
+  s->map_size = map_size;
+  s->large_offset = offset;
+  s->fresh = 1;
+  s->slabs[0].state = HAK_SLAB_ACTIVE; /* owner stays NULL: frees go slow */
+  hak_segmap_set(s, true);
+  return s;
+}
+
+void *hak_large_alloc(size_t size, size_t align, bool zero) {
+  if (size > PTRDIFF_MAX - 2 * HAK_SEG_SIZE - align) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  hak_process_init();
+  size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET
+                  : align <= HAK_SEG_SIZE   ? align
+                                            : HAK_SEG_SIZE;
+  size_t map_size = page_up(offset + size);
+  hak_segment_t *seg = offset == HAK_LARGE_OFFSET ? cache_take(map_size) : NULL;
+  if (seg == NULL) {
+    seg = large_map(map_size, align, offset);
+    if (seg == NULL) {
+      errno = ENOMEM;
+      return NULL;
+    }
+  }
+  seg->large_size = seg->map_size - offset;
+  HAK_STAT_ADD(large_live, 1);
+  void *p = (uint8_t *)seg + offset;
+  if (zero && !seg->fresh) memset(p, 0, size);
+  seg->fresh = 0;
+  HAK_CSTAT_ALLOC(HAK_CLASSES, size);
+  return p;
+}
+
+void hak_large_cache_collect(bool force) {
+  uint64_t now = hak_clock_ms();
+  hak_segment_t *expired = NULL;
+  pthread_mutex_lock(&hak_large_lock);
+  for (hak_segment_t **pp = &cache; *pp;) {
+    hak_segment_t *s = *pp;
+    if (force || now - s->cached_since_ms >= (uint64_t)hak_opt.purge_delay_ms ||
+        cache_bytes > (size_t)hak_opt.large_cache_mb << 20) {
+      *pp = s->next;
+      cache_bytes -= s->map_size;
+      HAK_STAT_SUB(large_cached, s->map_size);
+      s->next = expired;
+      expired = s;
+    } else {
+      pp = &s->next;
+    }
+  }
+  pthread_mutex_unlock(&hak_large_lock);
+  while (expired) {
+    hak_segment_t *s = expired;
+    expired = s->next;
+    large_unmap(s);
+  }
+}
+
+void hak_large_free(hak_segment_t *seg) {
+  HAK_STAT_SUB(large_live, 1);
+  HAK_CSTAT_FREE(HAK_CLASSES);
+  size_t limit = (size_t)hak_opt.large_cache_mb << 20;
+  if (seg->large_offset != HAK_LARGE_OFFSET || hak_opt.purge_delay_ms == 0 ||
+      seg->map_size > limit / 4) {
+    large_unmap(seg);
+    return;
+  }
+  seg->cached_since_ms = hak_clock_ms();
+  pthread_mutex_lock(&hak_large_lock);
+  seg->next = cache;
+  cache = seg;
+  cache_bytes += seg->map_size;
+  HAK_STAT_ADD(large_cached, seg->map_size);
+  pthread_mutex_unlock(&hak_large_lock);
+  hak_large_cache_collect(false); /* expire old ones, enforce the limit */
+}
+
+void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
+  size_t offset = seg->large_offset;
+  if (size <= seg->large_size && size >= seg->large_size / 2) return p;
+  if (offset == HAK_LARGE_OFFSET && size > HAK_BIG_MAX &&
+      size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
+    size_t new_map = page_up(offset + size);
+    if (new_map < seg->map_size) { /* shrink: give back the tail */
+      hak_os_unmap((uint8_t *)seg + new_map, seg->map_size - new_map);
+      seg->map_size = new_map;
+      seg->large_size = new_map - offset;
+      return p;
+    }
+    if (hak_os_remap(seg, seg->map_size, new_map, NULL) != NULL) { /* grown in place */
+      seg->map_size = new_map;
+      seg->large_size = new_map - offset;
+      return p;
+    }
+    /* Move the pages (no copy) to a fresh segment-aligned range. */
+    uint8_t *raw = hak_os_map(new_map + HAK_SEG_SIZE);
+    if (raw != NULL) {
+      uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
+      size_t old_map = seg->map_size;
+      if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_WORDS * 64 - 1) {
+        hak_segmap_set(seg, false);
+        hak_segment_t *moved = hak_os_remap(seg, old_map, new_map, dst);
+        if (moved != NULL) {
+          /* the reserved range under dst was replaced by the moved pages */
+          hak_stats_mapped(new_map, false);
+          hak_os_unmap(raw, (size_t)(dst - raw));
+          hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
+          moved->map_size = new_map;
+          moved->large_size = new_map - offset;
+          hak_segmap_set(moved, true);
+          return (uint8_t *)moved + offset;
+        }
+        hak_segmap_set(seg, true);
+      }
+      hak_os_unmap(raw, new_map + HAK_SEG_SIZE);
+    }
+  }
+  void *q = size <= HAK_BIG_MAX ? hak_malloc_inline(size) : hak_large_alloc(size, 0, false);
+  if (q == NULL) return NULL;
+  memcpy(q, p, size < seg->large_size ? size : seg->large_size);
+  hak_free_inline(p);
+  return q;
+}

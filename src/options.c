@@ -1,0 +1,103 @@
+/* Options: read once from the environment into hak_opt. */
+#include "internal.h"
+
+#include <unistd.h>
+
+extern char **environ;
+
+hak_options_t hak_opt = {
+#define HAK_OPT_INIT(field, name, def, lo, hi, doc) .field = def,
+    HAK_OPTIONS(HAK_OPT_INIT)
+#undef HAK_OPT_INIT
+    .profile = "balanced",
+};
+
+typedef struct {
+  const char *name;
+  long *value;
+  long lo, hi;
+  bool set;
+} opt_slot_t;
+
+static bool parse_long(const char *s, long *out) {
+  if (*s == 0) return false;
+  long v = 0;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9' || v > (LONG_MAX - 9) / 10) return false;
+    v = v * 10 + (*s - '0');
+  }
+  *out = v;
+  return true;
+}
+
+static void warn(const char *fmt, const char *a, const char *b, long lo, long hi) {
+  char buf[256];
+  int n = snprintf(buf, sizeof buf, fmt, a, b, lo, hi);
+  if (n > 0) (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+/* Applies a profile's defaults; false if the name is unknown. */
+static bool apply_profile(const char *name) {
+#define HAK_PROFILE_APPLY(pname, delay, segs, large, doc)                     \
+  if (strcmp(name, pname) == 0) {                                            \
+    hak_opt.purge_delay_ms = delay;                                          \
+    hak_opt.segment_cache = segs;                                            \
+    hak_opt.large_cache_mb = large;                                          \
+    hak_opt.profile = pname;                                                 \
+    return true;                                                             \
+  }
+  HAK_PROFILES(HAK_PROFILE_APPLY)
+#undef HAK_PROFILE_APPLY
+  return false;
+}
+
+void hak_options_load(void) {
+  opt_slot_t slots[] = {
+#define HAK_OPT_SLOT(field, name, def, lo, hi, doc) {name, &hak_opt.field, lo, hi, false},
+      HAK_OPTIONS(HAK_OPT_SLOT)
+#undef HAK_OPT_SLOT
+  };
+  const size_t nslots = sizeof slots / sizeof slots[0];
+  if (environ == NULL) return;
+  /* The profile first, so explicit variables override its presets. */
+  for (char **e = environ; *e; e++) {
+    if (strncmp(*e, "HAKMEM_PROFILE=", 15) != 0) continue;
+    if (!apply_profile(*e + 15))
+      warn("hakmem: unknown HAKMEM_PROFILE=%s%s (expected balanced, throughput or lowmem)\n",
+           *e + 15, "", 0, 0);
+  }
+  for (char **e = environ; *e; e++) {
+    if (strncmp(*e, "HAKMEM_", 7) != 0 || strncmp(*e, "HAKMEM_PROFILE=", 15) == 0) continue;
+    const char *name = *e + 7;
+    const char *eq = strchr(name, '=');
+    if (eq == NULL) continue;
+    size_t len = (size_t)(eq - name);
+    opt_slot_t *slot = NULL;
+    for (size_t i = 0; i < nslots; i++)
+      if (strlen(slots[i].name) == len && strncmp(slots[i].name, name, len) == 0) slot = &slots[i];
+    if (slot == NULL) {
+      char var[64];
+      snprintf(var, sizeof var, "%.*s", (int)(len < 40 ? len : 40), name);
+      warn("hakmem: unknown option HAKMEM_%s%s ignored\n", var, "", 0, 0);
+      continue;
+    }
+    long v;
+    if (!parse_long(eq + 1, &v) || v < slot->lo || v > slot->hi) {
+      warn("hakmem: bad value HAKMEM_%s=%s (expected an integer in [%ld, %ld]); default kept\n",
+           slot->name, eq + 1, slot->lo, slot->hi);
+      continue;
+    }
+    *slot->value = v;
+  }
+}
+
+void hak_options_print(int fd) {
+  char buf[256];
+  int n = snprintf(buf, sizeof buf, "%s, profile %s\n", hak_version(), hak_opt.profile);
+  (void)!write(fd, buf, (size_t)n);
+#define HAK_OPT_PRINT(field, name, def, lo, hi, doc)                           \
+  n = snprintf(buf, sizeof buf, "hakmem:   HAKMEM_%-16s = %ld\n", name, hak_opt.field); \
+  (void)!write(fd, buf, (size_t)n);
+  HAK_OPTIONS(HAK_OPT_PRINT)
+#undef HAK_OPT_PRINT
+}

@@ -1,0 +1,42 @@
+/* Every HAKMEM_* environment variable, in one table: the snapshot struct,
+ * the parser, `HAKMEM_VERBOSE` output and docs/OPTIONS.md come from it.
+ * X(field, NAME, default, min, max, doc) — all values are integers; a
+ * profile sets defaults before explicit variables are applied. */
+#ifndef HAK_OPTIONS_H
+#define HAK_OPTIONS_H
+
+#include <stdbool.h>
+
+#define HAK_OPTIONS(X)                                                         \
+  X(stats, "STATS", 0, 0, 1,                                                   \
+    "Print a statistics report to stderr at exit (1) or not (0).")             \
+  X(verbose, "VERBOSE", 0, 0, 1,                                               \
+    "Print the version, build flags and every option's value at start-up.")    \
+  X(purge_delay_ms, "PURGE_DELAY_MS", 500, 0, 3600000,                         \
+    "Milliseconds a free slab, segment or cached large block stays committed " \
+    "before its memory is returned to the OS (0: at once).")                   \
+  X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
+    "Free 4 MiB segments kept mapped for reuse (their memory is purged).")     \
+  X(large_cache_mb, "LARGE_CACHE_MB", 64, 0, 65536,                            \
+    "Megabytes of freed large blocks (> 256 KiB) kept for reuse.")
+
+/* Profiles set these defaults; an explicitly set variable wins. */
+#define HAK_PROFILES(X)                                                        \
+  X("balanced", 500, 8, 64, "The default: short purge delay, moderate caches.")  \
+  X("throughput", 5000, 32, 256, "Long purge delay and large caches: fewest syscalls.") \
+  X("lowmem", 0, 0, 0, "Return memory at once; no caches.")
+
+typedef struct {
+#define HAK_OPT_FIELD(field, name, def, lo, hi, doc) long field;
+  HAK_OPTIONS(HAK_OPT_FIELD)
+#undef HAK_OPT_FIELD
+  const char *profile;
+} hak_options_t;
+
+extern hak_options_t hak_opt;
+/* Reads the environment once; warns about unknown HAKMEM_* and bad values. */
+void hak_options_load(void);
+/* Prints the options (HAKMEM_VERBOSE) to fd. */
+void hak_options_print(int fd);
+
+#endif

@@ -1,0 +1,114 @@
+/* The exported malloc family and C++ operators, and nothing else. */
+#include "internal.h"
+
+#include <unistd.h>
+
+#define EXPORT HAK_EXPORT
+
+EXPORT void *malloc(size_t size) { return hak_malloc_inline(size); }
+EXPORT void free(void *p) { hak_free_inline(p); }
+EXPORT void *calloc(size_t n, size_t size) { return hak_alloc_zero(n, size); }
+EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
+EXPORT void *reallocarray(void *p, size_t n, size_t size) { return hak_reallocarray(p, n, size); }
+EXPORT size_t malloc_usable_size(void *p) { return hak_usable_size_impl(p); }
+EXPORT void free_sized(void *p, size_t size) { hak_free_inline(p); }
+EXPORT void free_aligned_sized(void *p, size_t align, size_t size) { hak_free_inline(p); }
+EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+  return hak_posix_memalign(out, align, size);
+}
+EXPORT void *aligned_alloc(size_t align, size_t size) { return hak_aligned_alloc(align, size); }
+/* glibc accepts any alignment for memalign, rounding up to a power of two. */
+EXPORT void *memalign(size_t align, size_t size) {
+  if (align <= 16) return hak_malloc_inline(size);
+  if (align & (align - 1)) {
+    if (align > ((size_t)1 << 62)) {
+      errno = EINVAL;
+      return NULL;
+    }
+    align = (size_t)1 << (64 - __builtin_clzl(align));
+  }
+  return hak_alloc_aligned(align, size);
+}
+EXPORT void *valloc(size_t size) { return hak_alloc_aligned(HAK_PAGE_SIZE, size); }
+EXPORT void *pvalloc(size_t size) {
+  size_t rounded = (size + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1);
+  if (rounded < size) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return hak_alloc_aligned(HAK_PAGE_SIZE, rounded ? rounded : HAK_PAGE_SIZE);
+}
+
+/* glibc's internal names, for programs that call them directly. */
+EXPORT void *__libc_malloc(size_t size) { return hak_malloc_inline(size); }
+EXPORT void __libc_free(void *p) { hak_free_inline(p); }
+EXPORT void *__libc_calloc(size_t n, size_t size) { return hak_alloc_zero(n, size); }
+EXPORT void *__libc_realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
+EXPORT void *__libc_memalign(size_t align, size_t size) { return memalign(align, size); }
+
+/* ---- C++ operators (Itanium ABI names) ----
+ * A failed `new` calls the installed new_handler and retries; without one it
+ * throws std::bad_alloc through libstdc++ (present in any C++ program). */
+typedef void (*new_handler_t)(void);
+extern new_handler_t _ZSt15get_new_handlerv(void) __attribute__((weak));
+extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
+
+static HAK_NOINLINE void *new_failed(size_t size, size_t align, bool nothrow) {
+  for (;;) {
+    new_handler_t handler = _ZSt15get_new_handlerv ? _ZSt15get_new_handlerv() : NULL;
+    if (handler == NULL) {
+      if (nothrow) return NULL;
+      if (_ZSt17__throw_bad_allocv) _ZSt17__throw_bad_allocv();
+      hak_fatal("hakmem: out of memory in operator new(%zu)", size);
+    }
+    handler();
+    void *p = align ? hak_alloc_aligned(align, size) : hak_malloc_inline(size);
+    if (p) return p;
+  }
+}
+
+static inline __attribute__((always_inline)) void *op_new(size_t size) {
+  void *p = hak_malloc_inline(size);
+  return HAK_LIKELY(p != NULL) ? p : new_failed(size, 0, false);
+}
+static inline __attribute__((always_inline)) void *op_new_nothrow(size_t size) {
+  void *p = hak_malloc_inline(size);
+  return HAK_LIKELY(p != NULL) ? p : new_failed(size, 0, true);
+}
+static void *op_new_aligned(size_t size, size_t align, bool nothrow) {
+  if (align == 0 || (align & (align - 1))) {
+    if (nothrow) return NULL;
+    hak_fatal("hakmem: operator new with invalid alignment %zu", align);
+  }
+  void *p = hak_alloc_aligned(align, size);
+  return p ? p : new_failed(size, align, nothrow);
+}
+
+EXPORT void *_Znwm(size_t n) { return op_new(n); }
+EXPORT void *_Znam(size_t n) { return op_new(n); }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { return op_new_nothrow(n); }
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { return op_new_nothrow(n); }
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) { return op_new_aligned(n, al, false); }
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) { return op_new_aligned(n, al, false); }
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+  return op_new_aligned(n, al, true);
+}
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+  return op_new_aligned(n, al, true);
+}
+EXPORT void _ZdlPv(void *p) { hak_free_inline(p); }
+EXPORT void _ZdaPv(void *p) { hak_free_inline(p); }
+EXPORT void _ZdlPvm(void *p, size_t n) { hak_free_inline(p); }
+EXPORT void _ZdaPvm(void *p, size_t n) { hak_free_inline(p); }
+EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { hak_free_inline(p); }
+EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) { hak_free_inline(p); }
+EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) { hak_free_inline(p); }
+EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) { hak_free_inline(p); }
+EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) { hak_free_inline(p); }
+EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) { hak_free_inline(p); }
+EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+  hak_free_inline(p);
+}
+EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+  hak_free_inline(p);
+}

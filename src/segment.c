@@ -1,0 +1,293 @@
+/* Segments: 4 MiB aligned regions split into slabs of one kind.
+ * A segment belongs to one heap, is abandoned when its thread exits (and
+ * adopted by the next heap that needs a slab of its kind), and goes to a
+ * small global cache when all its slabs are free. The global lock guards
+ * only the abandoned lists and the cache: memory coming from or going back
+ * to the OS. */
+#include "internal.h"
+
+_Atomic uint64_t hak_segmap[HAK_SEGMAP_WORDS];
+pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static hak_segment_t *abandoned[HAK_KIND_COUNT];
+static hak_segment_t *cache;
+static size_t cache_count;
+
+static const uint8_t kind_shift[HAK_KIND_COUNT] = {
+    HAK_SMALL_SLAB_SHIFT, HAK_MID_SLAB_SHIFT, HAK_BIG_SLAB_SHIFT};
+
+_Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER, "segment header too big");
+_Static_assert(sizeof(hak_slab_t) == 64, "slab descriptor is one cache line");
+
+void hak_segmap_set(hak_segment_t *seg, bool on) {
+  uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;
+  uint64_t bit = (uint64_t)1 << (chunk & 63);
+  _Atomic uint64_t *w = &hak_segmap[(chunk >> 6) & (HAK_SEGMAP_WORDS - 1)];
+  if (on)
+    atomic_fetch_or_explicit(w, bit, memory_order_release);
+  else
+    atomic_fetch_and_explicit(w, ~bit, memory_order_release);
+}
+
+/* ---- heap's segment lists ---- */
+
+static void heap_link(hak_heap_t *heap, hak_segment_t *seg) {
+  hak_segment_t **head = &heap->segments[seg->kind];
+  seg->prev = NULL;
+  seg->next = *head;
+  if (*head) (*head)->prev = seg;
+  *head = seg;
+  atomic_store_explicit(&seg->heap, heap, memory_order_release);
+}
+
+static void heap_unlink(hak_heap_t *heap, hak_segment_t *seg) {
+  if (seg->prev) seg->prev->next = seg->next;
+  else heap->segments[seg->kind] = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+  atomic_store_explicit(&seg->heap, NULL, memory_order_release);
+}
+
+/* ---- the cache of free segments ---- */
+
+static void segment_unmap(hak_segment_t *seg) {
+  hak_segmap_set(seg, false);
+  HAK_STAT_SUB(segments, 1);
+  hak_os_unmap(seg, HAK_SEG_SIZE);
+}
+
+/* Purges everything but the header page(s) of a cached segment. */
+static void segment_purge_body(hak_segment_t *seg) {
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    if (!s->purged) {
+      hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
+      s->purged = 1;
+    }
+  }
+}
+
+static void cache_put(hak_segment_t *seg) {
+  bool unmap_now = false;
+  pthread_mutex_lock(&hak_segment_lock);
+  if (cache_count >= (size_t)hak_opt.segment_cache) {
+    unmap_now = true;
+  } else {
+    seg->cached_since_ms = hak_clock_ms();
+    seg->next = cache;
+    cache = seg;
+    cache_count++;
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+  if (unmap_now) segment_unmap(seg);
+  else if (hak_opt.purge_delay_ms == 0) segment_purge_body(seg);
+}
+
+void hak_segment_cache_collect(bool force) {
+  uint64_t now = hak_clock_ms();
+  hak_segment_t *unmap_list = NULL;
+  pthread_mutex_lock(&hak_segment_lock);
+  for (hak_segment_t **pp = &cache; *pp;) {
+    hak_segment_t *s = *pp;
+    if (force || now - s->cached_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
+      *pp = s->next;
+      cache_count--;
+      s->next = unmap_list;
+      unmap_list = s;
+    } else {
+      pp = &s->next;
+    }
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+  while (unmap_list) {
+    hak_segment_t *s = unmap_list;
+    unmap_list = s->next;
+    segment_unmap(s);
+  }
+}
+
+/* ---- acquiring segments and slabs ---- */
+
+static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
+  bool purged[HAK_MAX_SLABS];
+  unsigned old_count = fresh ? 0 : seg->slab_count;
+  for (unsigned i = 0; i < HAK_MAX_SLABS; i++) purged[i] = fresh;
+  /* A reused segment keeps track of which parts are still committed, per
+   * old slab; a part is purged only if it was purged under the old layout. */
+  if (!fresh) {
+    unsigned shift = seg->slab_shift;
+    for (unsigned i = 0; i < HAK_MAX_SLABS; i++) {
+      unsigned old = (unsigned)(((size_t)i << HAK_SMALL_SLAB_SHIFT) >> shift);
+      purged[i] = old < old_count ? seg->slabs[old].purged : true;
+    }
+  }
+  memset(seg, 0, sizeof *seg);
+  seg->kind = (uint8_t)kind;
+  seg->slab_shift = kind_shift[kind];
+  seg->slab_count = (uint8_t)(HAK_SEG_SIZE >> seg->slab_shift);
+  seg->map_size = HAK_SEG_SIZE;
+  unsigned per = HAK_MAX_SLABS / seg->slab_count; /* 64 KiB units per slab */
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    s->index = (uint8_t)i;
+    s->state = HAK_SLAB_FREE;
+    /* committed if any of its 64 KiB parts is: a purge covers it all */
+    bool all_purged = true;
+    for (unsigned j = 0; j < per; j++) all_purged &= purged[i * per + j];
+    s->purged = all_purged;
+  }
+}
+
+static hak_segment_t *segment_new(void) {
+  hak_segment_t *seg = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
+  if (seg == NULL) return NULL;
+  /* The last chunk of the address space stands for NULL in the segment map. */
+  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_WORDS * 64 - 1) {
+    hak_os_unmap(seg, HAK_SEG_SIZE);
+    errno = ENOMEM;
+    return NULL;
+  }
+  HAK_STAT_ADD(segments, 1);
+  hak_segmap_set(seg, true);
+  return seg;
+}
+
+static hak_slab_t *segment_take_slab(hak_segment_t *seg) {
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    if (s->state != HAK_SLAB_FREE) continue;
+    if (s->purged) {
+      HAK_STAT_ADD(committed, hak_slab_bytes(seg, s));
+      s->purged = 0;
+    }
+    seg->used_slabs++;
+    HAK_STAT_ADD(slabs_allocated, 1);
+    return s;
+  }
+  return NULL;
+}
+
+static void segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
+  heap_link(heap, seg);
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    if (s->state != HAK_SLAB_ORPHAN) continue;
+    hak_slab_adopt(heap, s);
+    /* its last used slab was empty: the segment may be gone already */
+    if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) break;
+  }
+}
+
+static hak_segment_t *pop_abandoned(unsigned kind) {
+  pthread_mutex_lock(&hak_segment_lock);
+  hak_segment_t *seg = abandoned[kind];
+  if (seg) abandoned[kind] = seg->next;
+  pthread_mutex_unlock(&hak_segment_lock);
+  return seg;
+}
+
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopted) {
+  *adopted = false;
+  for (hak_segment_t *seg = heap->segments[kind]; seg; seg = seg->next) {
+    if (seg->used_slabs < seg->slab_count) return segment_take_slab(seg);
+  }
+  hak_segment_t *seg = pop_abandoned(kind);
+  if (seg) {
+    segment_adopt(heap, seg);
+    *adopted = true;
+    return seg->used_slabs < seg->slab_count ? segment_take_slab(seg) : NULL;
+  }
+  pthread_mutex_lock(&hak_segment_lock);
+  seg = cache;
+  if (seg) {
+    cache = seg->next;
+    cache_count--;
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+  bool fresh = seg == NULL;
+  if (fresh) seg = segment_new();
+  if (seg == NULL) return NULL;
+  segment_init(seg, kind, fresh);
+  heap_link(heap, seg);
+  return segment_take_slab(seg);
+}
+
+void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_segment_t *seg = hak_segment_of_slab(slab);
+  HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
+  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
+  slab->state = HAK_SLAB_FREE;
+  slab->local_free = NULL;
+  slab->reserved = 0;
+  slab->free_since_ms = hak_clock_ms();
+  seg->used_slabs--;
+  if (hak_opt.purge_delay_ms == 0) {
+    hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
+    slab->purged = 1;
+  } else if (heap->next_purge_ms == 0) {
+    heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
+  }
+  /* An empty segment goes to the cache unless it is the heap's only one of
+   * its kind (kept to avoid map/unmap thrash at a size boundary). */
+  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
+    heap_unlink(heap, seg);
+    cache_put(seg);
+  }
+}
+
+void hak_segment_purge(hak_heap_t *heap, bool force) {
+  uint64_t now = hak_clock_ms(), next = 0;
+  uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    for (hak_segment_t *seg = heap->segments[k]; seg; seg = seg->next) {
+      for (unsigned i = 0; i < seg->slab_count; i++) {
+        hak_slab_t *s = &seg->slabs[i];
+        if (s->state != HAK_SLAB_FREE || s->purged) continue;
+        if (force || now - s->free_since_ms >= delay) {
+          hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
+          s->purged = 1;
+        } else if (next == 0 || s->free_since_ms + delay < next) {
+          next = s->free_since_ms + delay;
+        }
+      }
+    }
+  }
+  heap->next_purge_ms = next;
+  hak_segment_cache_collect(force);
+}
+
+void hak_segment_abandon_all(hak_heap_t *heap) {
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    while (heap->segments[k]) {
+      hak_segment_t *seg = heap->segments[k];
+      heap_unlink(heap, seg);
+      for (unsigned i = 0; i < seg->slab_count; i++) {
+        hak_slab_t *s = &seg->slabs[i];
+        if (s->state == HAK_SLAB_FREE) continue;
+        atomic_store_explicit(&s->owner, NULL, memory_order_relaxed);
+        hak_slab_collect_remote(s);
+        if (s->used == 0) {
+          s->state = HAK_SLAB_ORPHAN; /* satisfies free_slab's assertion */
+          hak_segment_free_slab(heap, s);
+        } else {
+          s->state = HAK_SLAB_ORPHAN;
+        }
+      }
+      if (seg->used_slabs == 0) {
+        cache_put(seg);
+        continue;
+      }
+      pthread_mutex_lock(&hak_segment_lock);
+      seg->next = abandoned[k];
+      abandoned[k] = seg;
+      pthread_mutex_unlock(&hak_segment_lock);
+    }
+  }
+}
+
+void hak_segment_reclaim_abandoned(hak_heap_t *heap) {
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    hak_segment_t *seg;
+    while ((seg = pop_abandoned(k)) != NULL) segment_adopt(heap, seg);
+  }
+}

@@ -1,0 +1,193 @@
+/* Slabs: blocks of one size class. The owner frees onto local_free; other
+ * threads push onto the atomic remote list, which the owner collects when
+ * its free list runs dry. Refill hands the heap a whole list at a time. */
+#include "internal.h"
+
+/* Blocks carved per refill from a fresh slab: about 16 KiB, at least 4. */
+#define HAK_EXTEND_BYTES 16384
+
+void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s) {
+  s->prev = NULL;
+  s->next = q->first;
+  if (q->first) q->first->prev = s;
+  else q->last = s;
+  q->first = s;
+}
+
+void hak_queue_push_back(hak_slab_queue_t *q, hak_slab_t *s) {
+  s->next = NULL;
+  s->prev = q->last;
+  if (q->last) q->last->next = s;
+  else q->first = s;
+  q->last = s;
+}
+
+void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s) {
+  if (s->prev) s->prev->next = s->next;
+  else q->first = s->next;
+  if (s->next) s->next->prev = s->prev;
+  else q->last = s->prev;
+  s->next = s->prev = NULL;
+}
+
+void hak_slab_init(hak_slab_t *slab, size_t cls) {
+  hak_segment_t *seg = hak_segment_of_slab(slab);
+  slab->block_size = hak_class_size[cls];
+  slab->capacity = (uint32_t)(hak_slab_bytes(seg, slab) / slab->block_size);
+  slab->cls = (uint8_t)cls;
+  slab->reserved = 0;
+  slab->used = 0;
+  slab->local_free = NULL;
+  atomic_store_explicit(&slab->remote, NULL, memory_order_relaxed);
+  HAK_ASSERT(slab->capacity > 0);
+}
+
+size_t hak_slab_collect_remote(hak_slab_t *slab) {
+  if (atomic_load_explicit(&slab->remote, memory_order_relaxed) == NULL) return 0;
+  hak_block_t *list = atomic_exchange_explicit(&slab->remote, NULL, memory_order_acquire);
+  if (list == NULL) return 0;
+  size_t n = 1;
+  hak_block_t *tail = list;
+  while (tail->next) {
+    tail = tail->next;
+    n++;
+  }
+  tail->next = slab->local_free;
+  slab->local_free = list;
+  HAK_ASSERT(slab->used >= n);
+  slab->used -= (uint32_t)n;
+  HAK_STAT_ADD(remote_collects, 1);
+  return n;
+}
+
+void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list) {
+  if (list == NULL) return;
+  size_t n = 1;
+  hak_block_t *tail = list;
+  while (tail->next) {
+    tail = tail->next;
+    n++;
+  }
+  tail->next = slab->local_free;
+  slab->local_free = list;
+  HAK_ASSERT(slab->used >= n);
+  slab->used -= (uint32_t)n;
+}
+
+/* Carves the next batch of never-used blocks into a list. */
+static hak_block_t *slab_extend(hak_slab_t *slab) {
+  hak_segment_t *seg = hak_segment_of_slab(slab);
+  size_t bs = slab->block_size;
+  size_t n = HAK_EXTEND_BYTES / bs;
+  if (n < 4) n = 4;
+  if (n > slab->capacity - slab->reserved) n = slab->capacity - slab->reserved;
+  uint8_t *first = hak_slab_start(seg, slab) + (size_t)slab->reserved * bs;
+  uint8_t *b = first;
+  for (size_t i = 1; i < n; i++, b += bs) ((hak_block_t *)b)->next = (hak_block_t *)(b + bs);
+  ((hak_block_t *)b)->next = NULL;
+  slab->reserved += (uint32_t)n;
+  return (hak_block_t *)first;
+}
+
+/* All free blocks of the slab as one list for the heap, or NULL. */
+static hak_block_t *slab_take(hak_slab_t *slab) {
+  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
+  hak_block_t *list = slab->local_free;
+  if (list) {
+    slab->local_free = NULL;
+  } else if (slab->reserved < slab->capacity) {
+    list = slab_extend(slab);
+  } else {
+    return NULL;
+  }
+  slab->used = slab->reserved; /* every reserved block is now out */
+  return list;
+}
+
+static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
+  slab->state = HAK_SLAB_ACTIVE;
+  atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
+}
+
+static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
+  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
+  __atomic_store_n(&slab->state, HAK_SLAB_FULL, __ATOMIC_RELAXED);
+  hak_queue_push_back(&heap->full[slab->cls], slab);
+}
+
+void hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_slab_collect_remote(slab);
+  if (slab->used == 0) {
+    hak_segment_free_slab(heap, slab);
+  } else if (slab->local_free || slab->reserved < slab->capacity) {
+    hak_queue_push_back(&heap->queue[slab->cls], slab);
+    slab_activate(heap, slab);
+  } else {
+    slab_mark_full(heap, slab);
+  }
+}
+
+/* Moves FULL slabs of cls that received remote frees back to the queue. */
+static void heap_revive_full(hak_heap_t *heap) {
+  if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return;
+  atomic_store(&heap->full_remote, 0);
+  for (size_t c = 0; c < HAK_CLASSES; c++) {
+    hak_slab_t *s = heap->full[c].first;
+    while (s) {
+      hak_slab_t *next = s->next;
+      if (atomic_load_explicit(&s->remote, memory_order_relaxed) != NULL) {
+        hak_queue_remove(&heap->full[c], s);
+        hak_slab_collect_remote(s);
+        hak_queue_push_back(&heap->queue[c], s);
+        slab_activate(heap, s);
+      }
+      s = next;
+    }
+  }
+}
+
+void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
+  HAK_ASSERT(heap->free[cls] == NULL);
+  HAK_STAT_ADD(refills, 1);
+  if (HAK_UNLIKELY(heap->next_purge_ms != 0) && hak_clock_ms() >= heap->next_purge_ms)
+    hak_segment_purge(heap, false);
+  hak_slab_queue_t *q = &heap->queue[cls];
+  for (int round = 0;; round++) {
+    hak_slab_t *slab = q->first;
+    while (slab) {
+      hak_block_t *list = slab_take(slab);
+      if (list) {
+        if (slab != q->first) {
+          hak_queue_remove(q, slab);
+          hak_queue_push_front(q, slab);
+        }
+        heap->free[cls] = list->next;
+        return list;
+      }
+      hak_slab_t *next = slab->next;
+      hak_queue_remove(q, slab);
+      slab_mark_full(heap, slab);
+      slab = next;
+    }
+    if (round == 0) {
+      heap_revive_full(heap);
+      if (q->first) continue;
+    }
+    bool adopted;
+    slab = hak_segment_alloc_slab(heap, hak_class_kind(cls), &adopted);
+    if (slab == NULL) {
+      if (adopted) continue;
+      return NULL;
+    }
+    hak_slab_init(slab, cls);
+    hak_queue_push_front(q, slab);
+    slab_activate(heap, slab);
+  }
+}
+
+void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_slab_queue_t *q = &heap->queue[slab->cls];
+  if (slab == q->first) return; /* the current slab stays */
+  hak_queue_remove(q, slab);
+  hak_segment_free_slab(heap, slab);
+}

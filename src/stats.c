@@ -1,0 +1,127 @@
+/* Statistics. Release builds count only on slow paths (mappings, refills,
+ * slabs, purges); stats and debug builds add exact per-class counters. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <unistd.h>
+
+hak_gstats_t hak_gstats;
+
+void hak_stats_mapped(size_t n, bool on) {
+  if (on) {
+    size_t now = HAK_STAT_ADD(mapped, n) + n;
+    HAK_STAT_ADD(os_mapped_total, n);
+    HAK_STAT_ADD(committed, n);
+    size_t peak = atomic_load_explicit(&hak_gstats.mapped_peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak(&hak_gstats.mapped_peak, &peak, now)) {
+    }
+  } else {
+    HAK_STAT_SUB(mapped, n);
+    HAK_STAT_SUB(committed, n);
+    HAK_STAT_ADD(os_returned, n);
+  }
+}
+
+#if HAK_STATS
+/* Index HAK_CLASSES counts large blocks. */
+typedef struct {
+  _Atomic size_t allocs, frees, bytes, live, peak;
+} class_stats_t;
+static class_stats_t cstats[HAK_CLASSES + 1];
+
+void hak_stats_class_alloc(size_t cls, size_t size) {
+  class_stats_t *c = &cstats[cls];
+  atomic_fetch_add_explicit(&c->allocs, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
+  size_t live = atomic_fetch_add_explicit(&c->live, 1, memory_order_relaxed) + 1;
+  size_t peak = atomic_load_explicit(&c->peak, memory_order_relaxed);
+  while (live > peak && !atomic_compare_exchange_weak(&c->peak, &peak, live)) {
+  }
+}
+
+void hak_stats_class_free(size_t cls) {
+  atomic_fetch_add_explicit(&cstats[cls].frees, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&cstats[cls].live, 1, memory_order_relaxed);
+}
+
+size_t hak_stats_live_blocks(void) {
+  size_t live = 0;
+  for (size_t i = 0; i <= HAK_CLASSES; i++)
+    live += atomic_load_explicit(&cstats[i].live, memory_order_relaxed);
+  return live;
+}
+#endif
+
+static void out(int fd, const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n > 0) (void)!write(fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+#define LOAD(f) atomic_load_explicit(&hak_gstats.f, memory_order_relaxed)
+
+void hak_stats_get(hak_stats_t *s) {
+  memset(s, 0, sizeof *s);
+  s->mapped = LOAD(mapped);
+  s->mapped_peak = LOAD(mapped_peak);
+  s->committed = LOAD(committed);
+  s->os_mapped_total = LOAD(os_mapped_total);
+  s->os_returned = LOAD(os_returned);
+  s->segments = LOAD(segments);
+  s->large_live = LOAD(large_live);
+  s->large_cached = LOAD(large_cached);
+  s->refills = LOAD(refills);
+  s->slabs_allocated = LOAD(slabs_allocated);
+  s->purges = LOAD(purges);
+  s->remote_collects = LOAD(remote_collects);
+  s->rss = hak_os_rss();
+  s->rss_peak = hak_os_rss_peak();
+}
+
+void hak_stats_report(int fd) {
+  hak_stats_t s;
+  hak_stats_get(&s);
+  out(fd, "hakmem statistics (%s)\n", hak_version());
+#if HAK_STATS
+  out(fd, "  %-10s %12s %12s %14s %10s %10s\n", "class", "requests", "frees", "bytes", "live",
+      "peak");
+  for (size_t i = 0; i <= HAK_CLASSES; i++) {
+    class_stats_t *c = &cstats[i];
+    size_t a = atomic_load(&c->allocs);
+    if (a == 0) continue;
+    char name[24];
+    if (i == HAK_CLASSES) snprintf(name, sizeof name, "large");
+    else snprintf(name, sizeof name, "%u B", hak_class_size[i]);
+    out(fd, "  %-10s %12zu %12zu %14zu %10zu %10zu\n", name, a, atomic_load(&c->frees),
+        atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
+  }
+#else
+  out(fd, "  (per-class counters: build with `make stats`)\n");
+#endif
+  out(fd, "  OS mapped now       %12zu KiB (peak %zu KiB)\n", s.mapped >> 10, s.mapped_peak >> 10);
+  out(fd, "  OS mapped in total  %12zu KiB, returned %zu KiB in %zu purges/unmaps\n",
+      s.os_mapped_total >> 10, s.os_returned >> 10, s.purges);
+  out(fd, "  segments live       %12zu\n", s.segments);
+  out(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live, s.large_cached >> 10);
+  out(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n", s.refills,
+      s.slabs_allocated, s.remote_collects);
+  out(fd, "  RSS now             %12zu KiB (peak %zu KiB)\n", s.rss >> 10, s.rss_peak >> 10);
+}
+
+void hak_stats_print(void) { hak_stats_report(2); }
+
+HAK_COLD void hak_fatal(const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  if ((size_t)n > sizeof buf - 2) n = sizeof buf - 2;
+  buf[n++] = '\n';
+  (void)!write(2, buf, (size_t)n);
+  abort();
+}

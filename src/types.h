@@ -1,0 +1,129 @@
+/* hakmem types and layout constants.
+ *
+ * Layers, each using only the ones below it:
+ *   override  -> alloc/free (API) -> heap -> slab -> segment/large -> os
+ *   options, stats and init are used by every layer and use only os.
+ *
+ * Memory is taken from the OS in 4 MiB aligned *segments*. A segment holds
+ * slabs of one size (64 KiB, 512 KiB or the whole segment); a slab holds
+ * blocks of one size class. Large blocks get a segment-aligned mapping of
+ * their own with the same header, so for every pointer p handed out,
+ * (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
+ * block aligned to >= 4 MiB sits exactly at the end of its header's chunk. */
+#ifndef HAK_TYPES_H
+#define HAK_TYPES_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HAK_SEG_SHIFT 22
+#define HAK_SEG_SIZE ((size_t)1 << HAK_SEG_SHIFT)
+#define HAK_SEG_MASK (HAK_SEG_SIZE - 1)
+/* Bytes at the start of a segment taken by its header (slab 0 starts after). */
+#define HAK_SEG_HEADER ((size_t)8192)
+#define HAK_PAGE_SIZE ((size_t)4096)
+/* Large blocks start one page after their header. */
+#define HAK_LARGE_OFFSET HAK_PAGE_SIZE
+
+/* Slab kinds: each segment holds slabs of one kind. */
+enum {
+  HAK_KIND_SMALL = 0, /* 64 KiB slabs, classes <= 1 KiB */
+  HAK_KIND_MID = 1,   /* 512 KiB slabs, classes <= 32 KiB */
+  HAK_KIND_BIG = 2,   /* 1 MiB slabs, classes <= 256 KiB */
+  HAK_KIND_COUNT = 3,
+  HAK_KIND_LARGE = 3, /* a single large block */
+};
+#define HAK_SMALL_SLAB_SHIFT 16
+#define HAK_MID_SLAB_SHIFT 19
+#define HAK_BIG_SLAB_SHIFT 20
+#define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_SMALL_SLAB_SHIFT) /* 64 */
+
+/* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
+ * steps per doubling, <= 12.5% waste) and 32 mid classes (4 per doubling up
+ * to 256 KiB). */
+#define HAK_SMALL_MAX ((size_t)1024)
+#define HAK_MID_MAX ((size_t)32768)
+#define HAK_BIG_MAX ((size_t)262144)
+#define HAK_SMALL_CLASSES 32
+#define HAK_CLASSES 64
+/* Alignments up to this are served from slabs; larger ones by large blocks. */
+#define HAK_SLAB_ALIGN_MAX ((size_t)4096)
+
+typedef struct hak_block_s {
+  struct hak_block_s *next;
+} hak_block_t;
+
+typedef struct hak_heap_s hak_heap_t;
+typedef struct hak_slab_s hak_slab_t;
+typedef struct hak_segment_s hak_segment_t;
+
+typedef enum {
+  HAK_SLAB_FREE = 0, /* not in use; memory may be purged */
+  HAK_SLAB_ACTIVE,   /* in its heap's queue for its class */
+  HAK_SLAB_FULL,     /* no free block seen; on its heap's full list */
+  HAK_SLAB_ORPHAN,   /* in an abandoned segment */
+} hak_slab_state_t;
+
+/* One slab descriptor: exactly one cache line. The free fast path reads
+ * owner, local_free and used; everything else is slow-path state. */
+struct __attribute__((aligned(64))) hak_slab_s {
+  /* The heap that may free into local_free without atomics. NULL unless the
+   * slab is ACTIVE, so every other case (full, abandoned, large) takes the
+   * slow path with a single comparison. */
+  _Atomic(hak_heap_t *) owner;
+  hak_block_t *local_free;  /* blocks freed by the owner */
+  uint32_t used;            /* reserved blocks not on local_free */
+  uint32_t capacity;        /* blocks that fit in the slab */
+  _Atomic(hak_block_t *) remote; /* blocks freed by other threads */
+  uint32_t reserved;        /* blocks carved from the slab so far */
+  uint32_t block_size;
+  uint8_t cls;
+  uint8_t state;  /* hak_slab_state_t */
+  uint8_t purged; /* FREE slab whose memory went back to the OS */
+  uint8_t index;  /* position in the segment */
+  uint32_t unused_pad;
+  union {
+    struct {
+      hak_slab_t *next, *prev; /* heap queue or full list */
+    };
+    uint64_t free_since_ms; /* FREE: when it was released */
+  };
+};
+
+struct hak_segment_s {
+  uint8_t slab_shift; /* 63 for a large block: every pointer maps to slab 0 */
+  uint8_t kind;
+  uint8_t slab_count;
+  uint8_t fresh;        /* large: never handed out before (memory is zero) */
+  uint32_t used_slabs;  /* slabs not FREE */
+  _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned or cached */
+  hak_segment_t *next, *prev; /* heap's segment list, or a global list */
+  size_t map_size;    /* bytes mapped from the segment start */
+  size_t large_size;  /* large: usable bytes */
+  size_t large_offset;/* large: block offset from the segment start */
+  uint64_t cached_since_ms;
+  uint64_t pad[1];
+  hak_slab_t slabs[HAK_MAX_SLABS];
+};
+
+typedef struct {
+  hak_slab_t *first, *last;
+} hak_slab_queue_t;
+
+/* A thread's heap. `free` first: the malloc fast path indexes it directly.
+ * free[c] holds blocks of the first slab of queue[c] only. */
+struct hak_heap_s {
+  hak_block_t *free[HAK_CLASSES];
+  hak_slab_queue_t queue[HAK_CLASSES]; /* ACTIVE slabs; first = current */
+  hak_slab_queue_t full[HAK_CLASSES];  /* FULL slabs */
+  hak_segment_t *segments[HAK_KIND_COUNT]; /* owned, per kind */
+  /* Set by another thread that freed into one of our FULL slabs: the next
+   * refill looks at the full lists before taking a new slab. */
+  _Atomic int full_remote;
+  uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
+  hak_heap_t *next, *prev; /* all live heaps */
+};
+
+#endif

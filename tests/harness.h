@@ -1,0 +1,118 @@
+/* Minimal test harness: each TEST is a function run in its own forked child
+ * (so a crash or an abort counts as one failure, not the end of the suite).
+ * A suite binary prints one line per test and a final machine-readable line
+ *   RESULT <suite> <passed> <failed>
+ * that tests/run.sh sums into the closing "N passed, N failed" line. */
+#ifndef HAK_TEST_HARNESS_H
+#define HAK_TEST_HARNESS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+typedef void (*th_fn_t)(void);
+typedef struct { const char *name; th_fn_t fn; unsigned timeout_s; } th_test_t;
+
+#define TH_MAX_TESTS 256
+static th_test_t th_tests[TH_MAX_TESTS];
+static int th_ntests;
+static int th_failed_here; /* in the child: number of failed checks */
+
+static inline void th_register(const char *name, th_fn_t fn, unsigned timeout_s) {
+  if (th_ntests < TH_MAX_TESTS) th_tests[th_ntests++] = (th_test_t){name, fn, timeout_s};
+}
+
+/* TEST(name) { ... }            default timeout 60 s
+ * TEST_T(name, seconds) { ... } explicit timeout */
+#define TEST_T(name, secs)                                                   \
+  static void name(void);                                                    \
+  __attribute__((constructor)) static void th_reg_##name(void) {             \
+    th_register(#name, name, secs);                                          \
+  }                                                                          \
+  static void name(void)
+#define TEST(name) TEST_T(name, 60)
+
+/* CHECK(cond) records a failure with file:line and continues. */
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      fprintf(stderr, "    check failed: %s (%s:%d)\n", #cond, __FILE__,     \
+              __LINE__);                                                     \
+      th_failed_here++;                                                      \
+    }                                                                        \
+  } while (0)
+/* CHECK_MSG(cond, fmt, ...) is CHECK with a formatted explanation. */
+#define CHECK_MSG(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      fprintf(stderr, "    check failed: %s (%s:%d): ", #cond, __FILE__,     \
+              __LINE__);                                                     \
+      fprintf(stderr, __VA_ARGS__);                                          \
+      fputc('\n', stderr);                                                   \
+      th_failed_here++;                                                      \
+    }                                                                        \
+  } while (0)
+/* REQUIRE(cond) stops the test at the first failure. */
+#define REQUIRE(cond)                                                        \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      fprintf(stderr, "    required: %s (%s:%d)\n", #cond, __FILE__,         \
+              __LINE__);                                                     \
+      _exit(1);                                                              \
+    }                                                                        \
+  } while (0)
+
+static double th_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Run all tests (or those named in argv) and print RESULT. */
+static int th_main(const char *suite, int argc, char **argv) {
+  int passed = 0, failed = 0;
+  setvbuf(stdout, NULL, _IONBF, 0);
+  for (int i = 0; i < th_ntests; i++) {
+    const th_test_t *t = &th_tests[i];
+    if (argc > 1) {
+      int wanted = 0;
+      for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], t->name) == 0;
+      if (!wanted) continue;
+    }
+    double t0 = th_now();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(t->timeout_s);
+      th_failed_here = 0;
+      t->fn();
+      fflush(NULL);
+      _exit(th_failed_here ? 1 : 0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    double dt = th_now() - t0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      passed++;
+      printf("  ok    %s.%s (%.2fs)\n", suite, t->name, dt);
+    } else {
+      failed++;
+      if (WIFSIGNALED(status))
+        printf("  FAIL  %s.%s: killed by signal %d%s (%.2fs)\n", suite, t->name,
+               WTERMSIG(status), WTERMSIG(status) == SIGALRM ? " (timeout)" : "", dt);
+      else
+        printf("  FAIL  %s.%s: exit %d (%.2fs)\n", suite, t->name, WEXITSTATUS(status), dt);
+    }
+  }
+  printf("RESULT %s %d %d\n", suite, passed, failed);
+  return failed ? 1 : 0;
+}
+
+#define TEST_MAIN(suite) \
+  int main(int argc, char **argv) { return th_main(suite, argc, argv); }
+
+#endif

@@ -1,0 +1,350 @@
+/* White-box tests of hakmem's internals, linked against the debug build
+ * (assertions and exact per-class counters on). */
+#include "harness.h"
+#include "internal.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+
+/* ---- size classes ---- */
+
+TEST(class_is_smallest_fitting) {
+  for (size_t size = 0; size <= HAK_BIG_MAX; size++) {
+    size_t cls = hak_size_class(size);
+    REQUIRE(cls < HAK_CLASSES);
+    CHECK_MSG(hak_class_size[cls] >= size, "size %zu -> class %zu (%u)", size, cls,
+              hak_class_size[cls]);
+    if (cls > 0)
+      CHECK_MSG(hak_class_size[cls - 1] < (size ? size : 1), "size %zu not smallest", size);
+    if (th_failed_here > 5) return;
+  }
+}
+
+TEST(class_sizes_increase_and_are_16_aligned) {
+  for (size_t c = 0; c < HAK_CLASSES; c++) {
+    CHECK(hak_class_size[c] % 16 == 0);
+    if (c) CHECK(hak_class_size[c] > hak_class_size[c - 1]);
+  }
+  CHECK(hak_class_size[HAK_SMALL_CLASSES - 1] == HAK_SMALL_MAX);
+  CHECK(hak_class_size[HAK_CLASSES - 1] == HAK_BIG_MAX);
+}
+
+TEST(small_class_waste_at_most_12_5_percent) {
+  for (size_t size = 129; size <= HAK_SMALL_MAX; size++) {
+    size_t bs = hak_class_size[hak_size_class(size)];
+    CHECK_MSG((bs - size) * 8 <= bs, "size %zu wastes %zu of %zu", size, bs - size, bs);
+  }
+}
+
+TEST(class_kinds_follow_size) {
+  CHECK(hak_class_kind(hak_size_class(1024)) == HAK_KIND_SMALL);
+  CHECK(hak_class_kind(hak_size_class(1025)) == HAK_KIND_MID);
+  CHECK(hak_class_kind(hak_size_class(HAK_MID_MAX)) == HAK_KIND_MID);
+  CHECK(hak_class_kind(hak_size_class(HAK_MID_MAX + 1)) == HAK_KIND_BIG);
+  CHECK(hak_class_kind(hak_size_class(HAK_BIG_MAX)) == HAK_KIND_BIG);
+}
+
+/* ---- address arithmetic ---- */
+
+TEST(segment_of_finds_header_by_mask) {
+  size_t sizes[] = {1, 16, 100, 1000, 1024, 1025, 5000, 32768, 40000, 262144};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    uint8_t *p = malloc(sizes[i]);
+    REQUIRE(p != NULL);
+    hak_segment_t *seg = hak_segment_of(p);
+    REQUIRE(seg != NULL);
+    CHECK(((uintptr_t)seg & HAK_SEG_MASK) == 0);
+    CHECK(p > (uint8_t *)seg && p < (uint8_t *)seg + HAK_SEG_SIZE);
+    CHECK(seg->kind == hak_class_kind(hak_size_class(sizes[i])));
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    CHECK(slab->block_size == hak_class_size[hak_size_class(sizes[i])]);
+    uint8_t *start = hak_slab_start(seg, slab);
+    CHECK(p >= start && p + slab->block_size <= start + hak_slab_bytes(seg, slab));
+    CHECK((size_t)(p - start) % slab->block_size == 0);
+    CHECK(hak_segment_of_slab(slab) == seg);
+    free(p);
+  }
+}
+
+TEST(segment_of_rejects_foreign_pointers) {
+  int local;
+  static int global;
+  CHECK(hak_segment_of(NULL) == NULL);
+  CHECK(hak_segment_of(&local) == NULL);
+  CHECK(hak_segment_of(&global) == NULL);
+  void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(hak_segment_of(m) == NULL);
+  munmap(m, 1 << 20);
+}
+
+TEST(large_blocks_have_their_own_segment) {
+  size_t sizes[] = {HAK_BIG_MAX + 1, 1 << 20, 5 << 20, 33 << 20};
+  for (size_t i = 0; i < 4; i++) {
+    uint8_t *p = malloc(sizes[i]);
+    REQUIRE(p != NULL);
+    hak_segment_t *seg = hak_segment_of(p);
+    REQUIRE(seg != NULL);
+    CHECK(seg->kind == HAK_KIND_LARGE);
+    CHECK(p == (uint8_t *)seg + HAK_LARGE_OFFSET);
+    CHECK(seg->large_size >= sizes[i]);
+    CHECK(hak_slab_of(seg, p) == &seg->slabs[0]);
+    free(p);
+  }
+}
+
+TEST(huge_alignment_header_sits_in_chunk_before) {
+  size_t align = (size_t)16 << 20;
+  void *p = aligned_alloc(align, 100);
+  REQUIRE(p != NULL);
+  CHECK(((uintptr_t)p & (align - 1)) == 0);
+  hak_segment_t *seg = hak_segment_of(p);
+  REQUIRE(seg != NULL);
+  CHECK((uint8_t *)seg == (uint8_t *)p - HAK_SEG_SIZE);
+  CHECK(seg->kind == HAK_KIND_LARGE);
+  free(p);
+}
+
+TEST(aligned_slab_blocks_are_aligned) {
+  for (size_t align = 32; align <= HAK_SLAB_ALIGN_MAX; align *= 2) {
+    for (size_t size = 1; size < 3 * align; size += align / 2 + 7) {
+      void *ps[40];
+      for (int i = 0; i < 40; i++) {
+        ps[i] = aligned_alloc(align, size);
+        REQUIRE(ps[i] != NULL);
+        CHECK_MSG(((uintptr_t)ps[i] & (align - 1)) == 0, "align %zu size %zu", align, size);
+        CHECK(hak_segment_of(ps[i])->kind != HAK_KIND_LARGE);
+      }
+      for (int i = 0; i < 40; i++) free(ps[i]);
+    }
+  }
+}
+
+/* ---- free lists ---- */
+
+static hak_slab_t *slab_of_ptr(void *p) { return hak_slab_of(hak_segment_of(p), p); }
+
+TEST(local_free_and_used_count) {
+  enum { N = 50 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(48);
+  hak_slab_t *slab = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
+  uint32_t used = slab->used;
+  free(ps[N - 1]);
+  CHECK(slab->used == used - 1);
+  CHECK(slab->local_free == ps[N - 1]);
+  free(ps[N - 2]);
+  CHECK(slab->local_free == ps[N - 2]);
+  CHECK(slab->local_free->next == ps[N - 1]);
+  for (int i = 0; i < N - 2; i++) free(ps[i]);
+  CHECK(slab->used == used - N);
+}
+
+typedef struct {
+  void **ps;
+  int n;
+} batch_t;
+
+static void *free_batch(void *arg) {
+  batch_t *b = arg;
+  for (int i = 0; i < b->n; i++) free(b->ps[i]);
+  return NULL;
+}
+
+TEST(remote_frees_are_collected_by_owner) {
+  enum { N = 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(200);
+  hak_slab_t *slab = slab_of_ptr(ps[0]);
+  pthread_t t;
+  batch_t b = {ps, N};
+  pthread_create(&t, NULL, free_batch, &b);
+  pthread_join(t, NULL);
+  size_t on_remote = 0;
+  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next) on_remote++;
+  size_t same_slab = 0;
+  for (int i = 0; i < N; i++) same_slab += slab_of_ptr(ps[i]) == slab;
+  CHECK(on_remote == same_slab);
+  CHECK(slab->local_free == NULL || on_remote < N);
+  /* drain the thread's list so the next malloc refills from the slab */
+  hak_stats_t before, after;
+  hak_stats_get(&before);
+  uint32_t used_before = slab->used;
+  hak_heap_t *heap = hak_tls_heap;
+  size_t cls = slab->cls;
+  while (heap->free[cls]) (void)malloc(200);
+  (void)malloc(200);
+  hak_stats_get(&after);
+  CHECK(after.remote_collects > before.remote_collects);
+  CHECK(atomic_load(&slab->remote) == NULL);
+  CHECK(slab->used <= used_before);
+}
+
+TEST(empty_slabs_are_released) {
+  /* three slabs' worth of 1 KiB blocks: the non-current ones go FREE */
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(1024);
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  hak_slab_t *last = slab_of_ptr(ps[N - 1]);
+  REQUIRE(first != last);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  CHECK(first->state == HAK_SLAB_FREE);
+  CHECK(last->state == HAK_SLAB_ACTIVE); /* the current one stays */
+}
+
+TEST(freed_slab_is_purged_after_delay) {
+  hak_opt.purge_delay_ms = 0;
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) {
+    ps[i] = malloc(1000);
+    memset(ps[i], 1, 1000);
+  }
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  CHECK(first->state == HAK_SLAB_FREE);
+  CHECK(first->purged == 1);
+  unsigned char vec[16];
+  hak_segment_t *seg = hak_segment_of_slab(first);
+  uint8_t *start = hak_slab_start(seg, first);
+  CHECK(mincore(start, 16 * 4096, vec) == 0);
+  int resident = 0;
+  for (int i = 0; i < 16; i++) resident += vec[i] & 1;
+  CHECK_MSG(resident == 0, "%d pages still resident", resident);
+}
+
+TEST(full_slab_comes_back_on_local_free) {
+  enum { N = 64 }; /* 1 KiB class: 64 per slab (56 in slab 0) */
+  void *ps[3 * N];
+  for (int i = 0; i < 3 * N; i++) ps[i] = malloc(1024);
+  hak_slab_t *s0 = slab_of_ptr(ps[0]);
+  CHECK(s0->state == HAK_SLAB_FULL);
+  CHECK(atomic_load(&s0->owner) == NULL);
+  free(ps[0]);
+  CHECK(s0->state == HAK_SLAB_ACTIVE);
+  CHECK(atomic_load(&s0->owner) == hak_tls_heap);
+  for (int i = 1; i < 3 * N; i++) free(ps[i]);
+}
+
+TEST(full_slab_with_remote_frees_is_revived) {
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(1000);
+  hak_slab_t *s0 = slab_of_ptr(ps[0]);
+  REQUIRE(s0->state == HAK_SLAB_FULL);
+  batch_t b = {ps, 8};
+  pthread_t t;
+  pthread_create(&t, NULL, free_batch, &b);
+  pthread_join(t, NULL);
+  CHECK(atomic_load(&hak_tls_heap->full_remote) == 1);
+  /* exhaust the current slab: the refill must reuse s0's blocks */
+  int reused = 0;
+  for (int i = 0; i < 200 && !reused; i++) {
+    void *p = malloc(1000);
+    reused = slab_of_ptr(p) == s0;
+  }
+  CHECK(reused);
+}
+
+/* ---- threads: abandonment and adoption ---- */
+
+static void *alloc_and_exit(void *arg) {
+  void **ps = arg;
+  for (int i = 0; i < 100; i++) ps[i] = malloc(64);
+  return NULL;
+}
+static void *alloc_one(void *arg) {
+  *(void **)arg = malloc(64);
+  return NULL;
+}
+
+TEST(exited_thread_segments_are_adopted) {
+  void *ps[100];
+  pthread_t t;
+  pthread_create(&t, NULL, alloc_and_exit, ps);
+  pthread_join(t, NULL);
+  hak_segment_t *seg = hak_segment_of(ps[0]);
+  CHECK(atomic_load(&seg->heap) == NULL); /* abandoned */
+  CHECK(slab_of_ptr(ps[0])->state == HAK_SLAB_ORPHAN);
+  for (int i = 0; i < 50; i++) free(ps[i]); /* remote frees into the orphan */
+  void *q;
+  pthread_create(&t, NULL, alloc_one, &q);
+  pthread_join(t, NULL);
+  CHECK(hak_segment_of(q) == seg); /* the new thread adopted it */
+  for (int i = 50; i < 100; i++) free(ps[i]);
+  free(q);
+}
+
+static void *churn_thread(void *arg) {
+  void *p[16];
+  for (int i = 0; i < 16; i++) p[i] = malloc(16 + 64 * i);
+  for (int i = 0; i < 16; i++) free(p[i]);
+  return NULL;
+}
+
+TEST(thread_churn_reuses_segments) {
+  hak_stats_t s0, s1;
+  pthread_t t;
+  pthread_create(&t, NULL, churn_thread, NULL);
+  pthread_join(t, NULL);
+  hak_stats_get(&s0);
+  for (int i = 0; i < 2000; i++) {
+    pthread_create(&t, NULL, churn_thread, NULL);
+    pthread_join(t, NULL);
+  }
+  hak_stats_get(&s1);
+  CHECK_MSG(s1.segments <= s0.segments + 2, "segments %zu -> %zu", s0.segments, s1.segments);
+}
+
+TEST(live_block_count_returns_to_zero) {
+  /* glibc's pthread_create allocates (the thread's DTV, kept with its
+   * cached stack): start one first so the baseline includes it */
+  pthread_t w;
+  batch_t none = {NULL, 0};
+  pthread_create(&w, NULL, free_batch, &none);
+  pthread_join(w, NULL);
+  size_t base = hak_stats_live_blocks();
+  void *ps[1000];
+  for (int i = 0; i < 1000; i++) ps[i] = malloc((size_t)(i * 97) % 300000 + 1);
+  CHECK(hak_stats_live_blocks() == base + 1000);
+  pthread_t t;
+  batch_t b = {ps, 500};
+  pthread_create(&t, NULL, free_batch, &b);
+  pthread_join(t, NULL);
+  for (int i = 500; i < 1000; i++) free(ps[i]);
+  CHECK_MSG(hak_stats_live_blocks() == base, "live %zu, base %zu", hak_stats_live_blocks(), base);
+}
+
+/* ---- options ---- */
+
+static char *capture_stderr(void (*fn)(void)) {
+  static char buf[4096];
+  int fds[2];
+  if (pipe(fds) != 0) return NULL;
+  int saved = dup(2);
+  dup2(fds[1], 2);
+  fn();
+  dup2(saved, 2);
+  close(fds[1]);
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  buf[n > 0 ? n : 0] = 0;
+  return buf;
+}
+
+TEST(options_parse_warn_and_profile) {
+  setenv("HAKMEM_PROFILE", "lowmem", 1);
+  setenv("HAKMEM_SEGMENT_CACHE", "3", 1);
+  setenv("HAKMEM_PURGE_DELAY_MS", "12x", 1);
+  setenv("HAKMEM_NO_SUCH_THING", "1", 1);
+  char *err = capture_stderr(hak_options_load);
+  CHECK(strcmp(hak_opt.profile, "lowmem") == 0);
+  CHECK(hak_opt.segment_cache == 3);      /* explicit beats the profile */
+  CHECK(hak_opt.purge_delay_ms == 0);     /* from the profile; bad value ignored */
+  CHECK(hak_opt.large_cache_mb == 0);
+  CHECK(strstr(err, "unknown option HAKMEM_NO_SUCH_THING") != NULL);
+  CHECK(strstr(err, "bad value HAKMEM_PURGE_DELAY_MS=12x") != NULL);
+}
+
+TEST_MAIN("unit")
