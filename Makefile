@@ -46,10 +46,12 @@ $(eval $(call VARIANT,$(BUILD)/stats,$(STATS_CFLAGS)))
 -include bench/bench.mk
 -include tools/tools.mk
 
-# Runs a real program under the preloaded library and shows what hakmem served.
-demo: release
-	@echo "== python3 builds a dict of 200k strings under LD_PRELOAD=$(BUILD)/libhakmem.so"
-	HAKMEM_STATS=1 LD_PRELOAD=$(CURDIR)/$(BUILD)/libhakmem.so python3 -c \
+# Runs a real program under the preloaded library and shows what hakmem served
+# (the stats build, so the report has exact per-class counts).
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
+demo: release stats
+	@echo "== $(PYTHON) builds a dict of 200k strings under LD_PRELOAD=$(BUILD)/stats/libhakmem.so"
+	HAKMEM_STATS=1 LD_PRELOAD=$(CURDIR)/$(BUILD)/stats/libhakmem.so $(PYTHON) -c \
 	  "d = {str(i): [i] * 3 for i in range(200000)}; print('python3 ok:', len(d), 'entries')"
 
 install: release

@@ -127,7 +127,9 @@ void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab);
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s);
 void hak_queue_push_back(hak_slab_queue_t *q, hak_slab_t *s);
 void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s);
-void hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
+/* Takes an orphan slab into heap's queues; false if it is empty (the
+ * caller frees it). */
+bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
 
 /* ---- heap.c ---- */
 extern __thread hak_heap_t *hak_tls_heap;

@@ -52,6 +52,8 @@ static void heap_unlink(hak_heap_t *heap, hak_segment_t *seg) {
 
 static void segment_unmap(hak_segment_t *seg) {
   hak_segmap_set(seg, false);
+  for (unsigned i = 0; i < seg->slab_count; i++) /* unmap counts them again */
+    if (seg->slabs[i].purged) HAK_STAT_ADD(committed, hak_slab_bytes(seg, &seg->slabs[i]));
   HAK_STAT_SUB(segments, 1);
   hak_os_unmap(seg, HAK_SEG_SIZE);
 }
@@ -106,12 +108,46 @@ void hak_segment_cache_collect(bool force) {
   }
 }
 
+/* ---- releasing slabs ---- */
+
+/* Marks a slab FREE and schedules its purge; the segment stays. */
+static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_segment_t *seg = hak_segment_of_slab(slab);
+  HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
+  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
+  slab->state = HAK_SLAB_FREE;
+  slab->local_free = NULL;
+  slab->reserved = 0;
+  slab->free_since_ms = hak_clock_ms();
+  seg->used_slabs--;
+  if (hak_opt.purge_delay_ms == 0) {
+    hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
+    slab->purged = 1;
+  } else if (heap->next_purge_ms == 0) {
+    heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
+  }
+}
+
+/* An empty segment goes to the cache unless it is the heap's only one of
+ * its kind (kept to avoid map/unmap thrash at a size boundary). */
+static void segment_release_if_empty(hak_heap_t *heap, hak_segment_t *seg) {
+  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
+    heap_unlink(heap, seg);
+    cache_put(seg);
+  }
+}
+
+void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
+  slab_mark_free(heap, slab);
+  segment_release_if_empty(heap, hak_segment_of_slab(slab));
+}
+
 /* ---- acquiring segments and slabs ---- */
 
 static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
   bool purged[HAK_MAX_SLABS];
   unsigned old_count = fresh ? 0 : seg->slab_count;
-  for (unsigned i = 0; i < HAK_MAX_SLABS; i++) purged[i] = fresh;
+  for (unsigned i = 0; i < HAK_MAX_SLABS; i++) purged[i] = false;
   /* A reused segment keeps track of which parts are still committed, per
    * old slab; a part is purged only if it was purged under the old layout. */
   if (!fresh) {
@@ -167,15 +203,19 @@ static hak_slab_t *segment_take_slab(hak_segment_t *seg) {
   return NULL;
 }
 
-static void segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
+/* Takes an abandoned segment; false if it was empty and went away. */
+static bool segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
   heap_link(heap, seg);
   for (unsigned i = 0; i < seg->slab_count; i++) {
     hak_slab_t *s = &seg->slabs[i];
-    if (s->state != HAK_SLAB_ORPHAN) continue;
-    hak_slab_adopt(heap, s);
-    /* its last used slab was empty: the segment may be gone already */
-    if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) break;
+    if (s->state == HAK_SLAB_ORPHAN && !hak_slab_adopt(heap, s)) slab_mark_free(heap, s);
   }
+  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
+    heap_unlink(heap, seg);
+    cache_put(seg);
+    return false;
+  }
+  return true;
 }
 
 static hak_segment_t *pop_abandoned(unsigned kind) {
@@ -193,9 +233,9 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopte
   }
   hak_segment_t *seg = pop_abandoned(kind);
   if (seg) {
-    segment_adopt(heap, seg);
     *adopted = true;
-    return seg->used_slabs < seg->slab_count ? segment_take_slab(seg) : NULL;
+    bool ours = segment_adopt(heap, seg);
+    return ours && seg->used_slabs < seg->slab_count ? segment_take_slab(seg) : NULL;
   }
   pthread_mutex_lock(&hak_segment_lock);
   seg = cache;
@@ -210,29 +250,6 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopte
   segment_init(seg, kind, fresh);
   heap_link(heap, seg);
   return segment_take_slab(seg);
-}
-
-void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
-  hak_segment_t *seg = hak_segment_of_slab(slab);
-  HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
-  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
-  slab->state = HAK_SLAB_FREE;
-  slab->local_free = NULL;
-  slab->reserved = 0;
-  slab->free_since_ms = hak_clock_ms();
-  seg->used_slabs--;
-  if (hak_opt.purge_delay_ms == 0) {
-    hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
-    slab->purged = 1;
-  } else if (heap->next_purge_ms == 0) {
-    heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
-  }
-  /* An empty segment goes to the cache unless it is the heap's only one of
-   * its kind (kept to avoid map/unmap thrash at a size boundary). */
-  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
-    heap_unlink(heap, seg);
-    cache_put(seg);
-  }
 }
 
 void hak_segment_purge(hak_heap_t *heap, bool force) {
@@ -266,12 +283,8 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
         if (s->state == HAK_SLAB_FREE) continue;
         atomic_store_explicit(&s->owner, NULL, memory_order_relaxed);
         hak_slab_collect_remote(s);
-        if (s->used == 0) {
-          s->state = HAK_SLAB_ORPHAN; /* satisfies free_slab's assertion */
-          hak_segment_free_slab(heap, s);
-        } else {
-          s->state = HAK_SLAB_ORPHAN;
-        }
+        s->state = HAK_SLAB_ORPHAN;
+        if (s->used == 0) slab_mark_free(heap, s);
       }
       if (seg->used_slabs == 0) {
         cache_put(seg);

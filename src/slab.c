@@ -115,16 +115,16 @@ static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
 
-void hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
+bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
   hak_slab_collect_remote(slab);
-  if (slab->used == 0) {
-    hak_segment_free_slab(heap, slab);
-  } else if (slab->local_free || slab->reserved < slab->capacity) {
+  if (slab->used == 0) return false;
+  if (slab->local_free || slab->reserved < slab->capacity) {
     hak_queue_push_back(&heap->queue[slab->cls], slab);
     slab_activate(heap, slab);
   } else {
     slab_mark_full(heap, slab);
   }
+  return true;
 }
 
 /* Moves FULL slabs of cls that received remote frees back to the queue. */
