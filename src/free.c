@@ -52,6 +52,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
   HAK_ASSERT(slab->state == HAK_SLAB_FULL);
   hak_block_t *b = (hak_block_t *)p;
+  pthread_mutex_lock(&heap->lock);
   b->next = slab->local_free;
   slab->local_free = b;
   slab->used--;
@@ -59,5 +60,6 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_queue_push_back(&heap->queue[slab->cls], slab);
   slab->state = HAK_SLAB_ACTIVE;
   atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
+  pthread_mutex_unlock(&heap->lock);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }

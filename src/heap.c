@@ -77,14 +77,17 @@ static void heap_return_lists(hak_heap_t *heap) {
 
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == &hak_heap_empty) return;
+  pthread_mutex_lock(&heap->lock);
   heap_return_lists(heap);
   hak_segment_abandon_all(heap);
+  pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
   heap_struct_free(heap);
 }
 
 void hak_heap_collect(hak_heap_t *heap, bool force) {
   if (heap == &hak_heap_empty) return;
+  pthread_mutex_lock(&heap->lock);
   heap_return_lists(heap);
   if (force) hak_segment_reclaim_abandoned(heap);
   for (size_t c = 0; c < HAK_CLASSES; c++) {
@@ -100,6 +103,36 @@ void hak_heap_collect(hak_heap_t *heap, bool force) {
     }
   }
   hak_segment_purge(heap, force);
+  pthread_mutex_unlock(&heap->lock);
+}
+
+void hak_heaps_lock_all(void) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next) pthread_mutex_lock(&h->lock);
+}
+
+void hak_heaps_unlock_all(bool reinit) {
+  for (hak_heap_t *h = heaps_live; h; h = h->next) {
+    if (reinit) pthread_mutex_init(&h->lock, NULL);
+    else pthread_mutex_unlock(&h->lock);
+  }
+  if (reinit) pthread_mutex_init(&hak_heaps_lock, NULL);
+  else pthread_mutex_unlock(&hak_heaps_lock);
+}
+
+bool hak_heaps_purge_due(uint64_t now) {
+  bool pending = false;
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next) {
+    if (h->next_purge_ms == 0) continue;
+    if (now >= h->next_purge_ms && pthread_mutex_trylock(&h->lock) == 0) {
+      hak_segment_purge(h, false);
+      pthread_mutex_unlock(&h->lock);
+    }
+    pending |= h->next_purge_ms != 0;
+  }
+  pthread_mutex_unlock(&hak_heaps_lock);
+  return pending;
 }
 
 void hak_heaps_abandon_others(hak_heap_t *keep) {

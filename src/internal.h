@@ -109,7 +109,9 @@ void hak_segment_abandon_all(hak_heap_t *heap);
 /* Purge FREE slabs released longer than the purge delay ago (force: all). */
 void hak_segment_purge(hak_heap_t *heap, bool force);
 /* Return cached segments to the OS (force: all, else expired ones). */
-void hak_segment_cache_collect(bool force);
+bool hak_segment_cache_collect(bool force); /* true while some remain */
+/* Purges free slabs of abandoned segments; true while some wait. */
+bool hak_segment_purge_abandoned(bool force);
 /* Adopt every abandoned segment into heap and free the empty ones. */
 void hak_segment_reclaim_abandoned(hak_heap_t *heap);
 extern pthread_mutex_t hak_segment_lock;
@@ -139,13 +141,18 @@ hak_heap_t *hak_heap_get(void);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_collect(hak_heap_t *heap, bool force);
 void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */
+/* fork: take every heap's lock (and the list lock); release or re-init. */
+void hak_heaps_lock_all(void);
+void hak_heaps_unlock_all(bool reinit);
+/* Purges heaps whose delay has passed; true while any purge is pending. */
+bool hak_heaps_purge_due(uint64_t now);
 extern pthread_mutex_t hak_heaps_lock;
 
 /* ---- large.c ---- */
 void *hak_large_alloc(size_t size, size_t align, bool zero);
 void hak_large_free(hak_segment_t *seg);
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size);
-void hak_large_cache_collect(bool force);
+bool hak_large_cache_collect(bool force); /* true while some remain */
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */
@@ -182,6 +189,16 @@ size_t hak_stats_live_blocks(void); /* blocks allocated and not freed */
 #define HAK_CSTAT_FREE(cls) ((void)0)
 #endif
 void hak_stats_report(int fd);
+
+/* ---- purge.c: the background purger ---- */
+/* Something will need purging after the delay: make sure the purger runs. */
+void hak_purge_wake(void);
+/* Starts the purger thread if it was asked for and is not running; called
+ * only where no lock is held. */
+void hak_purge_start(void);
+void hak_purge_fork_prepare(void);
+void hak_purge_fork_parent(void);
+void hak_purge_fork_child(void);
 
 /* ---- init.c ---- */
 void hak_process_init(void);

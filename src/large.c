@@ -97,7 +97,7 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   return p;
 }
 
-void hak_large_cache_collect(bool force) {
+bool hak_large_cache_collect(bool force) {
   uint64_t now = hak_clock_ms();
   hak_segment_t *expired = NULL;
   pthread_mutex_lock(&hak_large_lock);
@@ -114,12 +114,14 @@ void hak_large_cache_collect(bool force) {
       pp = &s->next;
     }
   }
+  bool pending = cache != NULL;
   pthread_mutex_unlock(&hak_large_lock);
   while (expired) {
     hak_segment_t *s = expired;
     expired = s->next;
     large_unmap(s);
   }
+  return pending;
 }
 
 void hak_large_free(hak_segment_t *seg) {
@@ -139,6 +141,8 @@ void hak_large_free(hak_segment_t *seg) {
   HAK_STAT_ADD(large_cached, seg->map_size);
   pthread_mutex_unlock(&hak_large_lock);
   hak_large_cache_collect(false); /* expire old ones, enforce the limit */
+  hak_purge_wake();
+  hak_purge_start();
 }
 
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {

@@ -15,6 +15,9 @@
   X(purge_delay_ms, "PURGE_DELAY_MS", 500, 0, 3600000,                         \
     "Milliseconds a free slab, segment or cached large block stays committed " \
     "before its memory is returned to the OS (0: at once).")                   \
+  X(purge_thread, "PURGE_THREAD", 1, 0, 1,                                     \
+    "Return memory on time from a background thread even when the program "   \
+    "stops calling malloc (1); 0 purges only during allocation.")              \
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
     "Free 4 MiB segments kept mapped for reuse (their memory is purged).")     \
   X(large_cache_mb, "LARGE_CACHE_MB", 64, 0, 65536,                            \

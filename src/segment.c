@@ -83,9 +83,10 @@ static void cache_put(hak_segment_t *seg) {
   pthread_mutex_unlock(&hak_segment_lock);
   if (unmap_now) segment_unmap(seg);
   else if (hak_opt.purge_delay_ms == 0) segment_purge_body(seg);
+  else hak_purge_wake();
 }
 
-void hak_segment_cache_collect(bool force) {
+bool hak_segment_cache_collect(bool force) {
   uint64_t now = hak_clock_ms();
   hak_segment_t *unmap_list = NULL;
   pthread_mutex_lock(&hak_segment_lock);
@@ -100,12 +101,36 @@ void hak_segment_cache_collect(bool force) {
       pp = &s->next;
     }
   }
+  bool pending = cache != NULL;
   pthread_mutex_unlock(&hak_segment_lock);
   while (unmap_list) {
     hak_segment_t *s = unmap_list;
     unmap_list = s->next;
     segment_unmap(s);
   }
+  return pending;
+}
+
+bool hak_segment_purge_abandoned(bool force) {
+  uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
+  bool pending = false;
+  pthread_mutex_lock(&hak_segment_lock);
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next) {
+      for (unsigned i = 0; i < seg->slab_count; i++) {
+        hak_slab_t *s = &seg->slabs[i];
+        if (s->state != HAK_SLAB_FREE || s->purged) continue;
+        if (force || now - s->free_since_ms >= delay) {
+          hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
+          s->purged = 1;
+        } else {
+          pending = true;
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+  return pending;
 }
 
 /* ---- releasing slabs ---- */
@@ -125,6 +150,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     slab->purged = 1;
   } else if (heap->next_purge_ms == 0) {
     heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
+    hak_purge_wake();
   }
 }
 

@@ -146,7 +146,7 @@ static void heap_revive_full(hak_heap_t *heap) {
   }
 }
 
-void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
+static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
   if (HAK_UNLIKELY(heap->next_purge_ms != 0) && hak_clock_ms() >= heap->next_purge_ms)
@@ -185,9 +185,20 @@ void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
   }
 }
 
+void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
+  pthread_mutex_lock(&heap->lock);
+  void *b = heap_refill_locked(heap, cls);
+  pthread_mutex_unlock(&heap->lock);
+  hak_purge_start();
+  return b;
+}
+
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
   hak_slab_queue_t *q = &heap->queue[slab->cls];
   if (slab == q->first) return; /* the current slab stays */
+  pthread_mutex_lock(&heap->lock);
   hak_queue_remove(q, slab);
   hak_segment_free_slab(heap, slab);
+  pthread_mutex_unlock(&heap->lock);
+  hak_purge_start();
 }

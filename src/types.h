@@ -13,6 +13,7 @@
 #ifndef HAK_TYPES_H
 #define HAK_TYPES_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -123,6 +124,10 @@ struct hak_heap_s {
    * refill looks at the full lists before taking a new slab. */
   _Atomic int full_remote;
   uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
+  /* Held by the owner across slab-level slow paths (refill, releasing a
+   * slab, collect, exit), so the background purger and fork see the heap
+   * consistent. Never taken on a fast path. */
+  pthread_mutex_t lock;
   hak_heap_t *next, *prev; /* all live heaps */
 };
 

@@ -2,7 +2,7 @@
 #   tests/test_*.c   public-API suites, linked against build/libhakmem.so (linked override)
 #   tests/test_*.cc  C++ suites, same linking
 #   tests/unit_*.c   white-box suites, linked against the debug static library, may use src/*.h
-#   tests/sh_*.sh    shell suites; get HAKMEM_LIB (path of the release .so) and BUILD in the env
+#   tests/sh_*.sh    shell suites; get LIBHAKMEM (path of the release .so) and BUILD in the env
 # Every suite prints "RESULT <suite> <passed> <failed>"; tests/run.sh sums them.
 
 TEST_BIN    := $(BUILD)/tests
@@ -27,7 +27,7 @@ $(TEST_BIN)/unit_%: tests/unit_%.c tests/harness.h $(HDRS) $(BUILD)/debug/libhak
 test-bins: release debug $(TEST_ALL_BINS)
 
 test: test-bins
-	@HAKMEM_LIB=$(CURDIR)/$(BUILD)/libhakmem.so BUILD=$(CURDIR)/$(BUILD) \
+	@LIBHAKMEM=$(CURDIR)/$(BUILD)/libhakmem.so BUILD=$(CURDIR)/$(BUILD) \
 	  tests/run.sh $(TEST_ALL_BINS) $(TEST_SH)
 
 .PHONY: test test-bins

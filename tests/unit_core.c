@@ -123,6 +123,13 @@ TEST(aligned_slab_blocks_are_aligned) {
 
 static hak_slab_t *slab_of_ptr(void *p) { return hak_slab_of(hak_segment_of(p), p); }
 
+/* Starting the background purger allocates (pthread_create): tests that
+ * watch slab states start it first, so it cannot reuse their slabs. */
+static void start_purger(void) {
+  hak_purge_wake();
+  hak_purge_start();
+}
+
 TEST(local_free_and_used_count) {
   enum { N = 50 };
   void *ps[N];
@@ -182,6 +189,7 @@ TEST(remote_frees_are_collected_by_owner) {
 
 TEST(empty_slabs_are_released) {
   /* three slabs' worth of 1 KiB blocks: the non-current ones go FREE */
+  start_purger();
   enum { N = 3 * 64 };
   void *ps[N];
   for (int i = 0; i < N; i++) ps[i] = malloc(1024);
@@ -189,7 +197,7 @@ TEST(empty_slabs_are_released) {
   hak_slab_t *last = slab_of_ptr(ps[N - 1]);
   REQUIRE(first != last);
   for (int i = 0; i < N; i++) free(ps[i]);
-  CHECK(first->state == HAK_SLAB_FREE);
+  CHECK_MSG(first->state == HAK_SLAB_FREE, "state %d used %u", first->state, first->used);
   CHECK(last->state == HAK_SLAB_ACTIVE); /* the current one stays */
 }
 
@@ -212,6 +220,21 @@ TEST(freed_slab_is_purged_after_delay) {
   int resident = 0;
   for (int i = 0; i < 16; i++) resident += vec[i] & 1;
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
+}
+
+TEST(purge_happens_without_further_allocation) {
+  hak_opt.purge_delay_ms = 50;
+  start_purger();
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(1000);
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(first->state == HAK_SLAB_FREE);
+  CHECK(first->purged == 0); /* not yet: the delay has not passed */
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL); /* no malloc or free from here on */
+  CHECK(first->purged == 1);
 }
 
 TEST(full_slab_comes_back_on_local_free) {
@@ -304,6 +327,7 @@ TEST(live_block_count_returns_to_zero) {
   batch_t none = {NULL, 0};
   pthread_create(&w, NULL, free_batch, &none);
   pthread_join(w, NULL);
+  start_purger();
   size_t base = hak_stats_live_blocks();
   void *ps[1000];
   for (int i = 0; i < 1000; i++) ps[i] = malloc((size_t)(i * 97) % 300000 + 1);

@@ -1,0 +1,89 @@
+/* The background purger: returns free memory to the OS once it has been
+ * idle for HAKMEM_PURGE_DELAY_MS, even when the program has stopped calling
+ * malloc. The thread is started lazily, the first time something waits to
+ * be purged, and sleeps without a timeout when nothing is pending. */
+#include "internal.h"
+
+#include <signal.h>
+#include <time.h>
+
+static _Atomic int started;  /* the thread exists (or is being created) */
+static _Atomic int wanted;   /* something was scheduled since the last pass */
+static _Atomic int idle;     /* the thread waits for `wanted` */
+static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wait_cond = PTHREAD_COND_INITIALIZER;
+/* Held during a pass, so fork never copies a half-done purge. */
+static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void sleep_ms(uint64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+static bool purge_pass(void) {
+  pthread_mutex_lock(&pass_lock);
+  bool pending = hak_heaps_purge_due(hak_clock_ms());
+  pending |= hak_segment_purge_abandoned(false);
+  pending |= hak_segment_cache_collect(false);
+  pending |= hak_large_cache_collect(false);
+  pthread_mutex_unlock(&pass_lock);
+  return pending;
+}
+
+static void *purge_main(void *arg) {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's */
+  for (;;) {
+    uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
+    uint64_t step = delay / 4;
+    sleep_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
+    atomic_store(&wanted, 0);
+    if (purge_pass()) continue;
+    /* Nothing pending: sleep until something is scheduled. */
+    pthread_mutex_lock(&wait_lock);
+    atomic_store(&idle, 1);
+    while (!atomic_load(&wanted)) pthread_cond_wait(&wait_cond, &wait_lock);
+    atomic_store(&idle, 0);
+    pthread_mutex_unlock(&wait_lock);
+  }
+  return NULL;
+}
+
+void hak_purge_wake(void) {
+  if (atomic_load_explicit(&wanted, memory_order_relaxed)) return;
+  atomic_store(&wanted, 1);
+  if (atomic_load(&idle)) {
+    pthread_mutex_lock(&wait_lock);
+    pthread_cond_signal(&wait_cond);
+    pthread_mutex_unlock(&wait_lock);
+  }
+}
+
+void hak_purge_start(void) {
+  if (HAK_LIKELY(atomic_load_explicit(&started, memory_order_relaxed)) ||
+      !atomic_load_explicit(&wanted, memory_order_relaxed) || !hak_opt.purge_thread ||
+      hak_opt.purge_delay_ms == 0)
+    return;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&started, &expected, 1)) return;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 64 * 1024);
+  pthread_t t;
+  if (pthread_create(&t, &attr, purge_main, NULL) != 0) atomic_store(&started, 0);
+  pthread_attr_destroy(&attr);
+}
+
+void hak_purge_fork_prepare(void) { pthread_mutex_lock(&pass_lock); }
+void hak_purge_fork_parent(void) { pthread_mutex_unlock(&pass_lock); }
+void hak_purge_fork_child(void) {
+  /* the thread did not come along: the child starts its own when needed */
+  pthread_mutex_init(&pass_lock, NULL);
+  pthread_mutex_init(&wait_lock, NULL);
+  pthread_cond_init(&wait_cond, NULL);
+  atomic_store(&started, 0);
+  atomic_store(&idle, 0);
+}
