@@ -1,0 +1,35 @@
+# Benchmarks (included by the top Makefile; BUILD comes from there).
+#   make bench-bins   build the workload programs into $(BUILD)/bench/
+#   make bench        quick matrix: every workload, small args, 3 rounds (< 3 min)
+#   make bench-full   reference runs, 5 rounds
+#   make bench-instr  instructions per malloc/free under callgrind
+# Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
+# See docs/BENCHMARKS.md.
+
+BENCH_BIN    := $(BUILD)/bench
+BENCH_CFLAGS ?= -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -pthread -fno-builtin
+BENCH_SRCS   := $(sort $(wildcard bench/*.c))
+BENCH_PROGS  := $(patsubst bench/%.c,$(BENCH_BIN)/%,$(BENCH_SRCS))
+BENCH_NOOP   := $(BENCH_BIN)/random_mixed.noop $(BENCH_BIN)/larson.noop
+BENCH_ARGS   ?=
+BENCH_PY     ?= python3
+
+$(BENCH_BIN):
+	mkdir -p $@
+$(BENCH_BIN)/%.noop: bench/%.c bench/bench_common.h | $(BENCH_BIN)
+	$(CC) $(BENCH_CFLAGS) -DNOOP_ALLOC -o $@ $< -lm
+$(BENCH_BIN)/%: bench/%.c bench/bench_common.h | $(BENCH_BIN)
+	$(CC) $(BENCH_CFLAGS) -o $@ $< -lm
+
+bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)
+
+bench: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --set quick --rounds 3 $(BENCH_ARGS)
+
+bench-full: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --set full --rounds 5 $(BENCH_ARGS)
+
+bench-instr: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)
+
+.PHONY: bench bench-full bench-instr bench-bins

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Benchmark suite checks (cheap): every workload runs with tiny arguments under
+# glibc and under $LIBHAKMEM and prints a parsable ops/s= line; the
+# statistics code of tools/hakbench.py passes its unit tests; bench/run runs
+# end to end (1 tiny workload, 1 round, glibc + hakmem) and writes its CSV.
+# Env: LIBHAKMEM (release .so, default build/libhakmem.so), BUILD (default build).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+BUILD=${BUILD:-$ROOT/build}
+LIBHAKMEM=${LIBHAKMEM:-$BUILD/libhakmem.so}
+BIN=$BUILD/bench
+pass=0
+fail=0
+ok()  { echo "  ok    $1"; pass=$((pass + 1)); }
+bad() { echo "  FAIL  $1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | tail -5 | sed 's/^/        /'; fail=$((fail + 1)); }
+
+if out=$(make -s bench-bins BUILD="$BUILD" 2>&1); then ok "make bench-bins"; else bad "make bench-bins" "$out"; fi
+
+# name | tiny arguments
+tiny=(
+  "random_mixed|20000 64 1234567"
+  "random_mixed|20000 64 1234567 16 4096"
+  "mid_large_mt|2 20000 64 1234567 257 768"
+  "mid_large_mt|2 5000 64 1234567 big"
+  "larson|2 8 128 200 2000 3"
+  "xmalloc|2 2 20000 50"
+  "cache_scratch|2 50 8 200"
+  "cache_thrash|2 50 8 200"
+  "glibc_simple|64 20000 4"
+  "glibc_thread|2 64 20000"
+  "realloc_chain|16 20000 4096"
+  "large|20 4 65536 4194304"
+  "frag|4"
+  "frag|--scale 0.004"
+)
+[ -f "$LIBHAKMEM" ] || bad "LIBHAKMEM=$LIBHAKMEM exists"
+for alloc in glibc hakmem; do
+  pre=()
+  [ "$alloc" = hakmem ] && pre=(LD_PRELOAD="$LIBHAKMEM")
+  for t in "${tiny[@]}"; do
+    prog=${t%%|*} args=${t#*|}
+    # shellcheck disable=SC2086
+    out=$(env -i PATH="$PATH" HOME="${HOME:-/}" LANG=C "${pre[@]}" timeout 20 "$BIN/$prog" $args 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'ops/s=[0-9][0-9]*')" -eq 1 ]; then
+      ok "$alloc $prog $args"
+    else
+      bad "$alloc $prog $args (exit $rc)" "$out"
+    fi
+  done
+done
+for t in "random_mixed.noop|10000 64" "larson.noop|1 8 128 100 1000 2"; do
+  p=${t%%|*} args=${t#*|}
+  # shellcheck disable=SC2086
+  if out=$("$BIN/$p" $args 2>&1) && [[ $out == *build=noop*ops/s=* ]]; then ok "$p $args"; else bad "$p $args" "$out"; fi
+done
+if out=$("$BIN/random_mixed" --help 2>&1) && [[ $out == usage:* ]]; then ok "usage text"; else bad "usage text" "$out"; fi
+
+if out=$(python3 -m unittest discover -s bench -p 'test_hakbench.py' 2>&1); then
+  ok "tools/hakbench.py unit tests ($(printf '%s\n' "$out" | grep -o 'Ran [0-9]* tests'))"
+else
+  bad "tools/hakbench.py unit tests" "$out"
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$(HAKMEM_LEAK=1 python3 bench/run --set tiny --rounds 1 --warmup 0 --only glibc,hakmem \
+      --hakmem-lib "$LIBHAKMEM" --bin-dir "$BIN" --out-dir "$tmp" --tag t --no-install --no-plot -q 2>&1)
+rc=$?
+csv=$tmp/t.csv
+if [ $rc -eq 0 ] && [ -f "$csv" ] && [ "$(grep -c '^random_mixed tiny,' "$csv")" -eq 2 ] \
+   && grep -q '^random_mixed tiny,hakmem,1,.*,1,0,[0-9]' "$csv" && [ -f "$tmp/t.md" ]; then
+  ok "bench/run end to end (glibc+hakmem, CSV + Markdown)"
+else
+  bad "bench/run end to end (exit $rc)" "$out"
+fi
+if [ -f "$csv" ] && ! grep -q HAKMEM_LEAK "$csv" && grep -q "LD_PRELOAD=$LIBHAKMEM" "$csv"; then
+  ok "bench/run children get a clean environment"
+else
+  bad "bench/run children get a clean environment"
+fi
+
+echo "RESULT bench $pass $fail"
+[ "$fail" -eq 0 ]
