@@ -70,9 +70,11 @@ void *hak_alloc_zero(size_t count, size_t size) {
   return p;
 }
 
-/* Usable size of a valid block in a slab segment. */
+/* Usable size of a block in a slab segment; aborts if p is not one. */
 static size_t slab_block_size(hak_segment_t *seg, const void *p) {
-  return hak_slab_of(seg, p)->block_size;
+  hak_slab_t *slab = hak_slab_of(seg, p);
+  hak_check_block(seg, slab, p);
+  return slab->block_size;
 }
 
 void *hak_realloc_impl(void *p, size_t size) {
@@ -83,7 +85,11 @@ void *hak_realloc_impl(void *p, size_t size) {
   }
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
-  if (seg->kind == HAK_KIND_LARGE) return hak_large_realloc(seg, p, size);
+  if (seg->kind == HAK_KIND_LARGE) {
+    if ((uint8_t *)p != (uint8_t *)seg + seg->large_offset) hak_invalid_free(p);
+    if (seg->slabs[0].state == HAK_SLAB_FREE) hak_double_free(p);
+    return hak_large_realloc(seg, p, size);
+  }
   size_t old = slab_block_size(seg, p);
   /* In place when it fits and wastes at most half the block. */
   if (size <= old && size >= old / 2) return p;

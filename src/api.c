@@ -36,7 +36,11 @@ int hak_posix_memalign(void **out, size_t align, size_t size) {
 }
 
 void hak_collect(bool force) {
-  hak_heap_collect(hak_tls_heap, force);
-  hak_large_cache_collect(force);
-  hak_segment_cache_collect(force);
+  if (force) {
+    hak_release_all();
+    return;
+  }
+  hak_heap_collect(hak_tls_heap, false);
+  hak_large_cache_collect(false);
+  hak_segment_cache_collect(false);
 }

@@ -10,13 +10,16 @@ static HAK_COLD __attribute__((noreturn)) void report(const char *what, const vo
 }
 
 HAK_COLD void hak_invalid_free(const void *p) { report("invalid free", p); }
+HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
 
-/* Aborts unless p is the start of a block that was handed out. */
-static void check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
-  if (HAK_UNLIKELY(slab->state == HAK_SLAB_FREE)) report("invalid free", p);
+/* Aborts unless p is the start of a block that was handed out. A block
+ * boundary of a slab that is free again was handed out and freed already. */
+void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   size_t off = (size_t)((const uint8_t *)p - hak_slab_start(seg, slab));
-  if (HAK_UNLIKELY(off % slab->block_size != 0 || off / slab->block_size >= slab->reserved))
-    report("invalid free", p);
+  bool boundary = slab->block_size != 0 && off % slab->block_size == 0;
+  if (HAK_UNLIKELY(slab->state == HAK_SLAB_FREE)) report(boundary ? "double free" : "invalid free", p);
+  if (HAK_UNLIKELY(!boundary || off / slab->block_size >= slab->reserved)) report("invalid free", p);
+  if (HAK_UNLIKELY(slab->local_free == p)) report("double free", p);
 }
 
 static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
@@ -25,6 +28,7 @@ static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
     b->next = head;
   } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, b, memory_order_release,
                                                   memory_order_relaxed));
+  HAK_XSTAT_ADD(remote_frees, 1);
   /* A FULL slab is off its owner's queues: tell the owner to look. */
   if (__atomic_load_n(&slab->state, __ATOMIC_RELAXED) == HAK_SLAB_FULL) {
     hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
@@ -38,11 +42,12 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
   if (seg->kind == HAK_KIND_LARGE) {
     if (HAK_UNLIKELY((uint8_t *)p != (uint8_t *)seg + seg->large_offset)) hak_invalid_free(p);
+    if (HAK_UNLIKELY(seg->slabs[0].state == HAK_SLAB_FREE)) hak_double_free(p); /* cached */
     hak_large_free(seg);
     return;
   }
   hak_slab_t *slab = hak_slab_of(seg, p);
-  check_block(seg, slab, p);
+  hak_check_block(seg, slab, p);
   HAK_CSTAT_FREE(slab->cls);
   hak_heap_t *heap = hak_tls_heap;
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) {

@@ -120,6 +120,46 @@ void hak_heaps_unlock_all(bool reinit) {
   else pthread_mutex_unlock(&hak_heaps_lock);
 }
 
+void hak_heaps_usage(hak_usage_t *u) {
+  memset(u, 0, sizeof *u);
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next) {
+    pthread_mutex_lock(&h->lock);
+    for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
+      for (hak_segment_t *seg = h->segments[k]; seg; seg = seg->next) hak_segment_usage(seg, u);
+    pthread_mutex_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&hak_heaps_lock);
+  /* This thread's own lists are free blocks, not used ones. */
+  hak_heap_t *me = hak_tls_heap;
+  for (size_t c = 0; c < HAK_CLASSES; c++) {
+    size_t n = 0;
+    for (hak_block_t *b = me->free[c]; b; b = b->next) n++;
+    n = n < u->blocks_used[c] ? n : u->blocks_used[c];
+    u->blocks_used[c] -= n;
+    u->blocks_free[c] += n;
+    u->used_bytes -= n * hak_class_size[c];
+    u->free_bytes += n * hak_class_size[c];
+  }
+  hak_segment_usage_abandoned(u);
+}
+
+bool hak_release_all(void) {
+  size_t before = atomic_load(&hak_gstats.os_returned);
+  hak_heap_collect(hak_tls_heap, true);
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next) {
+    pthread_mutex_lock(&h->lock);
+    hak_segment_purge(h, true);
+    pthread_mutex_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&hak_heaps_lock);
+  hak_segment_purge_abandoned(true);
+  hak_segment_cache_collect(true);
+  hak_large_cache_collect(true);
+  return atomic_load(&hak_gstats.os_returned) != before;
+}
+
 bool hak_heaps_purge_due(uint64_t now) {
   bool pending = false;
   pthread_mutex_lock(&hak_heaps_lock);

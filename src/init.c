@@ -2,6 +2,7 @@
  * thread-exit key, fork handlers), thread exit, fork, and exit. */
 #include "internal.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -65,8 +66,39 @@ __attribute__((constructor)) static void process_start(void) {
     pthread_setspecific(hak_thread_key, hak_tls_heap);
 }
 
+/* HAKMEM_STATS_FILE with %p replaced by the pid. */
+static int open_stats_file(void) {
+  char path[512];
+  size_t n = 0;
+  for (const char *s = hak_opt.stats_file; *s && n < sizeof path - 24; s++) {
+    if (s[0] == '%' && s[1] == 'p') {
+      n += (size_t)snprintf(path + n, sizeof path - n, "%d", (int)getpid());
+      s++;
+    } else {
+      path[n++] = *s;
+    }
+  }
+  path[n] = 0;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    char msg[600];
+    int m = snprintf(msg, sizeof msg, "hakmem: cannot write HAKMEM_STATS_FILE %s\n", path);
+    (void)!write(2, msg, (size_t)m);
+  }
+  return fd;
+}
+
 __attribute__((destructor)) static void process_end(void) {
-  if (hak_opt.stats) hak_stats_report(2);
+  if (!hak_opt.stats) return;
+  if (hak_opt.stats_file[0] == 0) {
+    hak_stats_report(2);
+    return;
+  }
+  int fd = open_stats_file();
+  if (fd >= 0) {
+    hak_stats_write_records(fd);
+    close(fd);
+  }
 }
 
 const char *hak_version(void) {

@@ -66,6 +66,7 @@ void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
  * what is mapped there); NULL on failure. */
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);
 uint64_t hak_clock_ms(void);
+uint64_t hak_clock_ns(void);
 size_t hak_os_rss(void);
 size_t hak_os_rss_peak(void);
 
@@ -148,6 +149,20 @@ void hak_heaps_unlock_all(bool reinit);
 bool hak_heaps_purge_due(uint64_t now);
 extern pthread_mutex_t hak_heaps_lock;
 
+/* ---- usage: what is in use and free right now (introspection) ---- */
+typedef struct {
+  size_t blocks_used[HAK_CLASSES], blocks_free[HAK_CLASSES];
+  size_t slabs_used, slabs_free, segments;
+  size_t used_bytes;   /* slab blocks handed out (or in other threads' lists) */
+  size_t free_bytes;   /* free space in slabs that are in use */
+  size_t cached_bytes; /* free slabs, cached segments and large blocks */
+} hak_usage_t;
+void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u);
+void hak_segment_usage_abandoned(hak_usage_t *u);
+void hak_heaps_usage(hak_usage_t *u); /* every heap and abandoned segment */
+/* Everything free goes back to the OS now: all heaps, all caches. */
+bool hak_release_all(void);
+
 /* ---- large.c ---- */
 void *hak_large_alloc(size_t size, size_t align, bool zero);
 void hak_large_free(hak_segment_t *seg);
@@ -163,6 +178,9 @@ void *hak_alloc_zero(size_t count, size_t size);
 void *hak_realloc_impl(void *p, size_t size);
 size_t hak_usable_size_impl(const void *p);
 HAK_COLD __attribute__((noreturn)) void hak_invalid_free(const void *p);
+HAK_COLD __attribute__((noreturn)) void hak_double_free(const void *p);
+/* Aborts with a named error unless p is a live block's start (slow paths). */
+void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p);
 
 /* ---- options.c ---- */
 #include "options.h"
@@ -170,8 +188,9 @@ HAK_COLD __attribute__((noreturn)) void hak_invalid_free(const void *p);
 /* ---- stats.c ---- */
 typedef struct {
   _Atomic size_t mapped, mapped_peak, committed, os_mapped_total, os_returned;
-  _Atomic size_t segments, large_live, large_cached;
+  _Atomic size_t segments, large_live, large_bytes, large_cached;
   _Atomic size_t refills, slabs_allocated, purges, remote_collects;
+  _Atomic size_t remote_frees, slow_path_ns; /* stats builds only */
 } hak_gstats_t;
 extern hak_gstats_t hak_gstats;
 #define HAK_STAT_ADD(f, n) atomic_fetch_add_explicit(&hak_gstats.f, (n), memory_order_relaxed)
@@ -184,11 +203,20 @@ void hak_stats_class_free(size_t cls);
 size_t hak_stats_live_blocks(void); /* blocks allocated and not freed */
 #define HAK_CSTAT_ALLOC(cls, size) hak_stats_class_alloc(cls, size)
 #define HAK_CSTAT_FREE(cls) hak_stats_class_free(cls)
+#define HAK_XSTAT_ADD(f, n) HAK_STAT_ADD(f, n)
+/* Times a slow path into slow_path_ns. */
+#define HAK_SLOW_BEGIN() uint64_t hak_slow_t0 = hak_clock_ns()
+#define HAK_SLOW_END() HAK_STAT_ADD(slow_path_ns, hak_clock_ns() - hak_slow_t0)
 #else
+#define HAK_XSTAT_ADD(f, n) ((void)0)
+#define HAK_SLOW_BEGIN() ((void)0)
+#define HAK_SLOW_END() ((void)0)
 #define HAK_CSTAT_ALLOC(cls, size) ((void)0)
 #define HAK_CSTAT_FREE(cls) ((void)0)
 #endif
 void hak_stats_report(int fd);
+/* The report as `key value` lines (HAKMEM_STATS_FILE). */
+void hak_stats_write_records(int fd);
 
 /* ---- purge.c: the background purger ---- */
 /* Something will need purging after the delay: make sure the purger runs. */
@@ -228,9 +256,11 @@ HAK_INLINE void hak_free_inline(void *p) {
     hak_heap_t *heap = hak_tls_heap;
     if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == heap)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
+      hak_block_t *b = (hak_block_t *)p, *head = slab->local_free;
+      /* the same block freed twice in a row: costs one compare */
+      if (HAK_UNLIKELY(head == b)) hak_double_free(p);
       HAK_CSTAT_FREE(slab->cls);
-      hak_block_t *b = (hak_block_t *)p;
-      b->next = slab->local_free;
+      b->next = head;
       slab->local_free = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
       hak_slab_emptied(heap, slab);

@@ -75,6 +75,7 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
+  HAK_SLOW_BEGIN();
   hak_process_init();
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET
                   : align <= HAK_SEG_SIZE   ? align
@@ -89,11 +90,14 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
     }
   }
   seg->large_size = seg->map_size - offset;
+  seg->slabs[0].state = HAK_SLAB_ACTIVE;
   HAK_STAT_ADD(large_live, 1);
+  HAK_STAT_ADD(large_bytes, seg->large_size);
   void *p = (uint8_t *)seg + offset;
   if (zero && !seg->fresh) memset(p, 0, size);
   seg->fresh = 0;
   HAK_CSTAT_ALLOC(HAK_CLASSES, size);
+  HAK_SLOW_END();
   return p;
 }
 
@@ -126,6 +130,7 @@ bool hak_large_cache_collect(bool force) {
 
 void hak_large_free(hak_segment_t *seg) {
   HAK_STAT_SUB(large_live, 1);
+  HAK_STAT_SUB(large_bytes, seg->large_size);
   HAK_CSTAT_FREE(HAK_CLASSES);
   size_t limit = (size_t)hak_opt.large_cache_mb << 20;
   if (seg->large_offset != HAK_LARGE_OFFSET || hak_opt.purge_delay_ms == 0 ||
@@ -134,6 +139,7 @@ void hak_large_free(hak_segment_t *seg) {
     return;
   }
   seg->cached_since_ms = hak_clock_ms();
+  seg->slabs[0].state = HAK_SLAB_FREE; /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
   seg->next = cache;
   cache = seg;
@@ -153,11 +159,13 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
     size_t new_map = page_up(offset + size);
     if (new_map < seg->map_size) { /* shrink: give back the tail */
       hak_os_unmap((uint8_t *)seg + new_map, seg->map_size - new_map);
+      HAK_STAT_ADD(large_bytes, new_map - offset - seg->large_size);
       seg->map_size = new_map;
       seg->large_size = new_map - offset;
       return p;
     }
     if (hak_os_remap(seg, seg->map_size, new_map, NULL) != NULL) { /* grown in place */
+      HAK_STAT_ADD(large_bytes, new_map - offset - seg->large_size);
       seg->map_size = new_map;
       seg->large_size = new_map - offset;
       return p;
@@ -175,6 +183,7 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
           hak_stats_mapped(new_map, false);
           hak_os_unmap(raw, (size_t)(dst - raw));
           hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
+          HAK_STAT_ADD(large_bytes, new_map - offset - moved->large_size);
           moved->map_size = new_map;
           moved->large_size = new_map - offset;
           hak_segmap_set(moved, true);

@@ -9,7 +9,9 @@ hak_options_t hak_opt = {
 #define HAK_OPT_INIT(field, name, def, lo, hi, doc) .field = def,
     HAK_OPTIONS(HAK_OPT_INIT)
 #undef HAK_OPT_INIT
-    .profile = "balanced",
+#define HAK_STR_INIT(field, name, def, doc) .field = def,
+    HAK_STR_OPTIONS(HAK_STR_INIT)
+#undef HAK_STR_INIT
 };
 
 typedef struct {
@@ -72,6 +74,13 @@ void hak_options_load(void) {
     const char *eq = strchr(name, '=');
     if (eq == NULL) continue;
     size_t len = (size_t)(eq - name);
+#define HAK_STR_SET(field, sname, def, doc)                                    \
+    if (strlen(sname) == len && strncmp(sname, name, len) == 0) {              \
+      hak_opt.field = eq + 1;                                                  \
+      continue;                                                                \
+    }
+    HAK_STR_OPTIONS(HAK_STR_SET)
+#undef HAK_STR_SET
     opt_slot_t *slot = NULL;
     for (size_t i = 0; i < nslots; i++)
       if (strlen(slots[i].name) == len && strncmp(slots[i].name, name, len) == 0) slot = &slots[i];
@@ -100,4 +109,9 @@ void hak_options_print(int fd) {
   (void)!write(fd, buf, (size_t)n);
   HAK_OPTIONS(HAK_OPT_PRINT)
 #undef HAK_OPT_PRINT
+#define HAK_STR_PRINT(field, name, def, doc)                                   \
+  n = snprintf(buf, sizeof buf, "hakmem:   HAKMEM_%-16s = %s\n", name, hak_opt.field); \
+  (void)!write(fd, buf, (size_t)n);
+  HAK_STR_OPTIONS(HAK_STR_PRINT)
+#undef HAK_STR_PRINT
 }

@@ -29,11 +29,22 @@
   X("throughput", 5000, 32, 256, "Long purge delay and large caches: fewest syscalls.") \
   X("lowmem", 0, 0, 0, "Return memory at once; no caches.")
 
+/* Options whose value is text: X(field, NAME, default, doc). */
+#define HAK_STR_OPTIONS(X)                                                     \
+  X(profile, "PROFILE", "balanced",                                           \
+    "Preset for the purge delay and cache sizes: balanced, throughput or "    \
+    "lowmem (see the profiles table); explicitly set variables win.")         \
+  X(stats_file, "STATS_FILE", "",                                             \
+    "With HAKMEM_STATS=1, write the statistics at exit to this file "         \
+    "instead of stderr, as `key value` lines; %p in the name is the pid.")
+
 typedef struct {
 #define HAK_OPT_FIELD(field, name, def, lo, hi, doc) long field;
   HAK_OPTIONS(HAK_OPT_FIELD)
 #undef HAK_OPT_FIELD
-  const char *profile;
+#define HAK_STR_FIELD(field, name, def, doc) const char *field;
+  HAK_STR_OPTIONS(HAK_STR_FIELD)
+#undef HAK_STR_FIELD
 } hak_options_t;
 
 extern hak_options_t hak_opt;

@@ -49,6 +49,12 @@ void hak_os_purge(void *p, size_t size) {
   HAK_STAT_SUB(committed, size);
 }
 
+uint64_t hak_clock_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t hak_clock_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);

@@ -324,6 +324,38 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
   }
 }
 
+void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
+  u->segments++;
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    size_t bytes = hak_slab_bytes(seg, s);
+    if (__atomic_load_n(&s->state, __ATOMIC_RELAXED) == HAK_SLAB_FREE) {
+      u->slabs_free++;
+      if (!s->purged) u->cached_bytes += bytes;
+      continue;
+    }
+    uint32_t used = __atomic_load_n(&s->used, __ATOMIC_RELAXED);
+    if (used > s->capacity) used = s->capacity;
+    u->slabs_used++;
+    u->blocks_used[s->cls] += used;
+    u->blocks_free[s->cls] += s->capacity - used;
+    u->used_bytes += (size_t)used * s->block_size;
+    u->free_bytes += (size_t)(s->capacity - used) * s->block_size;
+  }
+}
+
+void hak_segment_usage_abandoned(hak_usage_t *u) {
+  pthread_mutex_lock(&hak_segment_lock);
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
+    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next) hak_segment_usage(seg, u);
+  for (hak_segment_t *seg = cache; seg; seg = seg->next) {
+    u->segments++;
+    for (unsigned i = 0; i < seg->slab_count; i++)
+      if (!seg->slabs[i].purged) u->cached_bytes += hak_slab_bytes(seg, &seg->slabs[i]);
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+}
+
 void hak_segment_reclaim_abandoned(hak_heap_t *heap) {
   for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
     hak_segment_t *seg;

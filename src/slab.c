@@ -186,9 +186,11 @@ static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
 }
 
 void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
+  HAK_SLOW_BEGIN();
   pthread_mutex_lock(&heap->lock);
   void *b = heap_refill_locked(heap, cls);
   pthread_mutex_unlock(&heap->lock);
+  HAK_SLOW_END();
   hak_purge_start();
   return b;
 }

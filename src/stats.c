@@ -108,10 +108,39 @@ void hak_stats_report(int fd) {
   out(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live, s.large_cached >> 10);
   out(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n", s.refills,
       s.slabs_allocated, s.remote_collects);
+#if HAK_STATS
+  out(fd, "  remote frees        %12zu, time in slow paths %zu us\n", LOAD(remote_frees),
+      LOAD(slow_path_ns) / 1000);
+#endif
   out(fd, "  RSS now             %12zu KiB (peak %zu KiB)\n", s.rss >> 10, s.rss_peak >> 10);
 }
 
 void hak_stats_print(void) { hak_stats_report(2); }
+
+void hak_stats_write_records(int fd) {
+  hak_stats_t s;
+  hak_stats_get(&s);
+  out(fd, "hakmem-stats 1\nversion %s\npid %d\n", hak_version(), (int)getpid());
+#if HAK_STATS
+  for (size_t i = 0; i <= HAK_CLASSES; i++) {
+    class_stats_t *c = &cstats[i];
+    size_t a = atomic_load(&c->allocs);
+    if (a == 0) continue;
+    out(fd, "class %u requests %zu frees %zu bytes %zu live %zu peak %zu\n",
+        i == HAK_CLASSES ? 0u : hak_class_size[i], a, atomic_load(&c->frees),
+        atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
+  }
+#endif
+  out(fd, "mapped %zu mapped_peak %zu committed %zu\n", s.mapped, s.mapped_peak, s.committed);
+  out(fd, "os_mapped_total %zu os_returned %zu purges %zu\n", s.os_mapped_total, s.os_returned,
+      s.purges);
+  out(fd, "segments %zu large_live %zu large_cached %zu\n", s.segments, s.large_live,
+      s.large_cached);
+  out(fd, "refills %zu slabs_allocated %zu remote_collects %zu remote_frees %zu\n", s.refills,
+      s.slabs_allocated, s.remote_collects, LOAD(remote_frees));
+  out(fd, "slow_path_ns %zu\n", LOAD(slow_path_ns));
+  out(fd, "rss %zu rss_peak %zu\n", s.rss, s.rss_peak);
+}
 
 HAK_COLD void hak_fatal(const char *fmt, ...) {
   char buf[256];
