@@ -30,7 +30,7 @@ stats:   $(BUILD)/stats/libhakmem.so $(BUILD)/stats/libhakmem.a
 # One rule set per variant: $(1)=output dir, $(2)=flags.
 define VARIANT
 $(1)/obj/%.o: src/%.c $(HDRS) | $(1)/obj
-	$$(CC) $(BASE_CFLAGS) $(2) -c $$< -o $$@
+	$$(CC) $(BASE_CFLAGS) $(2) -DHAK_BUILD_FLAGS="\"$$(CC) $(strip $(2))\"" -c $$< -o $$@
 $(1)/obj:
 	mkdir -p $$@
 $(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
@@ -65,6 +65,18 @@ install: release
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/lib/libhakmem.so $(DESTDIR)$(PREFIX)/lib/libhakmem.a \
 	  $(DESTDIR)$(PREFIX)/include/hakmem.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
+
+# docs/OPTIONS.md is generated from the option table; check-options-doc fails
+# when it is stale (run by `make test`).
+$(BUILD)/gen_options: tools/gen_options.c src/options.h
+	@mkdir -p $(BUILD)
+	$(CC) -std=gnu11 -Wall -Wextra -Isrc -o $@ $<
+options-doc: $(BUILD)/gen_options
+	$(BUILD)/gen_options > docs/OPTIONS.md
+check-options-doc: $(BUILD)/gen_options
+	@$(BUILD)/gen_options | diff -u docs/OPTIONS.md - >/dev/null || \
+	  { echo "docs/OPTIONS.md is stale: run 'make options-doc'"; exit 1; }
+.PHONY: options-doc check-options-doc
 
 clean:
 	rm -rf $(BUILD)

@@ -102,8 +102,9 @@ void hak_options_load(void) {
 
 void hak_options_print(int fd) {
   char buf[256];
-  int n = snprintf(buf, sizeof buf, "%s, profile %s\n", hak_version(), hak_opt.profile);
-  (void)!write(fd, buf, (size_t)n);
+  int n = snprintf(buf, sizeof buf, "hakmem: %s, profile %s\nhakmem: built with %s\n",
+                   hak_version(), hak_opt.profile, HAK_BUILD_FLAGS);
+  (void)!write(fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 #define HAK_OPT_PRINT(field, name, def, lo, hi, doc)                           \
   n = snprintf(buf, sizeof buf, "hakmem:   HAKMEM_%-16s = %ld\n", name, hak_opt.field); \
   (void)!write(fd, buf, (size_t)n);

@@ -1,0 +1,185 @@
+/* glibc-compatible introspection and memory return: the numbers must move
+ * by what the test allocates, and free memory must really leave RSS. */
+#include "harness.h"
+#include "hakmem.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <stdint.h>
+
+static long vm_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld", &kib) == 1) break;
+  if (f) fclose(f);
+  return kib;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The background purger starts (and allocates its thread's DTV) the first
+ * time memory waits to be purged: start it before measuring deltas. */
+static void start_background_purger(void) {
+  free(malloc(1 << 20));
+  sleep_ms(20);
+}
+
+TEST(mallinfo2_in_use_moves_by_the_allocated_bytes) {
+  enum { N = 2000 };
+  static void *ps[N];
+  start_background_purger();
+  struct mallinfo2 a = mallinfo2();
+  for (int i = 0; i < N; i++) ps[i] = malloc(1000); /* 1 KiB class */
+  struct mallinfo2 b = mallinfo2();
+  CHECK_MSG(b.uordblks - a.uordblks == (size_t)N * 1024, "delta %zu", b.uordblks - a.uordblks);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  struct mallinfo2 c = mallinfo2();
+  CHECK_MSG(c.uordblks == a.uordblks, "in use %zu after free, %zu before", c.uordblks, a.uordblks);
+  CHECK(c.fordblks >= (size_t)N * 1024 - 64 * 1024); /* still held, as free space */
+}
+
+TEST(mallinfo_counts_large_blocks) {
+  struct mallinfo2 a = mallinfo2();
+  void *p = malloc(10 << 20), *q = malloc(3 << 20);
+  struct mallinfo2 b = mallinfo2();
+  CHECK(b.hblks == a.hblks + 2);
+  CHECK(b.hblkhd - a.hblkhd >= (13u << 20) && b.hblkhd - a.hblkhd < (13u << 20) + 65536);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  struct mallinfo old = mallinfo();
+#pragma GCC diagnostic pop
+  CHECK(old.hblks == (int)b.hblks);
+  free(p);
+  free(q);
+  struct mallinfo2 c = mallinfo2();
+  CHECK(c.hblks == a.hblks && c.hblkhd == a.hblkhd);
+}
+
+TEST(hak_stats_get_tracks_mapping) {
+  hak_stats_t a, b;
+  hak_stats_get(&a);
+  void *p = malloc(64 << 20);
+  hak_stats_get(&b);
+  CHECK(b.mapped >= a.mapped + (64u << 20));
+  CHECK(b.large_live == a.large_live + 1);
+  CHECK(b.os_mapped_total >= a.os_mapped_total + (64u << 20));
+  free(p);
+}
+
+TEST(malloc_info_writes_xml) {
+  void *p = malloc(100);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  REQUIRE(f != NULL);
+  CHECK(malloc_info(0, f) == 0);
+  fclose(f);
+  CHECK(strncmp(buf, "<malloc version=\"hakmem-1\">", 27) == 0);
+  CHECK(strstr(buf, "<size from=\"97\" to=\"112\"") != NULL); /* the 100-byte block's class */
+  CHECK(strstr(buf, "<system type=\"current\"") != NULL);
+  CHECK(strstr(buf, "</malloc>\n") != NULL);
+  CHECK(malloc_info(1, stdout) == -1 && errno == EINVAL);
+  free(buf);
+  free(p);
+}
+
+TEST(mallopt_accepts_common_parameters) {
+  CHECK(mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1);
+  CHECK(mallopt(M_TRIM_THRESHOLD, 1 << 20) == 1);
+  CHECK(mallopt(M_ARENA_MAX, 2) == 1);
+  CHECK(mallopt(12345, 1) == 0);
+}
+
+TEST(malloc_stats_prints_glibc_layout_and_report) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  int saved = dup(2);
+  dup2(fds[1], 2);
+  malloc_stats();
+  dup2(saved, 2);
+  close(fds[1]);
+  char buf[4096];
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = 0;
+  CHECK(strstr(buf, "in use bytes") != NULL);
+  CHECK(strstr(buf, "hakmem statistics") != NULL);
+}
+
+/* 256 MiB of small and mid blocks, all freed: RSS must come back down. */
+static void **fill(size_t count, size_t size) {
+  void **ps = malloc(count * sizeof *ps);
+  for (size_t i = 0; i < count; i++) {
+    ps[i] = malloc(size);
+    memset(ps[i], 1, size);
+  }
+  return ps;
+}
+static void drain(void **ps, size_t count) {
+  for (size_t i = 0; i < count; i++) free(ps[i]);
+  free(ps);
+}
+
+TEST(malloc_trim_returns_freed_memory_now) {
+  long start = vm_rss_kib();
+  void **a = fill(400000, 300), **b = fill(8000, 20000);
+  long full = vm_rss_kib();
+  drain(a, 400000);
+  drain(b, 8000);
+  CHECK(malloc_trim(0) == 1);
+  long after = vm_rss_kib();
+  printf("    VmRSS: start %ld KiB, full %ld KiB, after free+trim %ld KiB\n", start, full, after);
+  CHECK(full - start > 200 * 1024);
+  CHECK_MSG(after - start < (full - start) / 20, "only %ld of %ld KiB returned",
+            full - after, full - start);
+}
+
+TEST(hak_collect_force_returns_freed_memory_now) {
+  long start = vm_rss_kib();
+  void **a = fill(100000, 1000);
+  long full = vm_rss_kib();
+  drain(a, 100000);
+  hak_collect(true);
+  long after = vm_rss_kib();
+  CHECK_MSG(after - start < (full - start) / 20, "start %ld full %ld after %ld", start, full,
+            after);
+}
+
+/* The purge delay is honoured even when the program stops calling malloc.
+ * Options are read at start-up, so this runs in a fresh process
+ * (this binary with --purge-child) with the delay set. */
+static int purge_child(void) {
+  long start = vm_rss_kib();
+  void **a = fill(200000, 600), **b = fill(4000, 30000);
+  long full = vm_rss_kib();
+  drain(a, 200000);
+  drain(b, 4000);
+  long just_freed = vm_rss_kib();
+  sleep_ms(1200); /* no allocation from here on */
+  long later = vm_rss_kib();
+  printf("    VmRSS: start %ld, full %ld, just freed %ld, 1.2 s later %ld KiB (delay 200 ms)\n",
+         start, full, just_freed, later);
+  if (full - start < 150 * 1024) return 2;
+  return later - start < (full - start) / 10 ? 0 : 1;
+}
+
+TEST(purge_after_delay_without_further_calls) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("HAKMEM_PURGE_DELAY_MS", "200", 1);
+    execl("/proc/self/exe", "test_introspect", "--purge-child", (char *)NULL);
+    _exit(99);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--purge-child") == 0) return purge_child();
+  return th_main("introspect", argc, argv);
+}
