@@ -18,14 +18,16 @@ BASE_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread \
 RELEASE_CFLAGS := -O2 -DNDEBUG $(CFLAGS)
 DEBUG_CFLAGS   := -O1 -g -DHAK_DEBUG=1 -DHAK_STATS=1 $(CFLAGS)
 STATS_CFLAGS   := -O2 -g -DNDEBUG -DHAK_STATS=1 $(CFLAGS)
+SECURE_CFLAGS  := -O2 -DNDEBUG -DHAK_SECURE=1 $(CFLAGS)
 LDLIBS_LIB     := -pthread
 
-.PHONY: all release debug stats install uninstall clean demo
+.PHONY: all release debug stats secure install uninstall clean demo
 
 all: release
 release: $(BUILD)/libhakmem.so $(BUILD)/libhakmem.a
 debug:   $(BUILD)/debug/libhakmem.so $(BUILD)/debug/libhakmem.a
 stats:   $(BUILD)/stats/libhakmem.so $(BUILD)/stats/libhakmem.a
+secure:  $(BUILD)/secure/libhakmem.so $(BUILD)/secure/libhakmem.a
 
 # One rule set per variant: $(1)=output dir, $(2)=flags.
 define VARIANT
@@ -41,6 +43,7 @@ endef
 $(eval $(call VARIANT,$(BUILD),$(RELEASE_CFLAGS)))
 $(eval $(call VARIANT,$(BUILD)/debug,$(DEBUG_CFLAGS)))
 $(eval $(call VARIANT,$(BUILD)/stats,$(STATS_CFLAGS)))
+$(eval $(call VARIANT,$(BUILD)/secure,$(SECURE_CFLAGS)))
 
 -include tests/tests.mk
 -include bench/bench.mk

@@ -23,11 +23,14 @@ $(BENCH_BIN)/%: bench/%.c bench/bench_common.h | $(BENCH_BIN)
 
 bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)
 
-bench: bench-bins $(BUILD)/libhakmem.so
-	$(BENCH_PY) bench/run --set quick --rounds 3 $(BENCH_ARGS)
+# The hardened build (make secure) is one more column, to show its cost.
+BENCH_SECURE := --extra-col hakmem-secure=$(CURDIR)/$(BUILD)/secure/libhakmem.so
 
-bench-full: bench-bins $(BUILD)/libhakmem.so
-	$(BENCH_PY) bench/run --set full --rounds 5 $(BENCH_ARGS)
+bench: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
+	$(BENCH_PY) bench/run --set quick --rounds 3 $(BENCH_SECURE) $(BENCH_ARGS)
+
+bench-full: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
+	$(BENCH_PY) bench/run --set full --rounds 5 $(BENCH_SECURE) $(BENCH_ARGS)
 
 bench-instr: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)

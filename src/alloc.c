@@ -10,17 +10,15 @@ HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
       return NULL;
     }
   }
-  if (HAK_LIKELY(size <= HAK_BIG_MAX)) {
-    size_t cls = hak_size_class(size);
-    hak_block_t *b = heap->free[cls];
-    if (HAK_LIKELY(b != NULL)) {
-      heap->free[cls] = b->next;
-    } else {
-      b = hak_heap_refill(heap, cls);
-      if (HAK_UNLIKELY(b == NULL)) {
+  if (HAK_LIKELY(size <= HAK_BIG_MAX - HAK_CANARY)) {
+    size_t cls = hak_size_class(size + HAK_CANARY);
+    void *b = hak_heap_pop(heap, cls);
+    if (HAK_UNLIKELY(b == NULL)) {
+      if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
         errno = ENOMEM;
         return NULL;
       }
+      b = hak_heap_pop(heap, cls);
     }
     HAK_CSTAT_ALLOC(cls, size);
     return b;
@@ -31,7 +29,8 @@ HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
 /* A class whose blocks are all `align`-aligned: block sizes that are a
  * multiple of align, in slabs whose start is 4 KiB aligned. */
 static void *alloc_aligned_slab(size_t align, size_t size) {
-  size_t need = size < align ? align : size;
+  size_t need = size + HAK_CANARY < align ? align : size + HAK_CANARY;
+  if (need > HAK_BIG_MAX) return hak_large_alloc(size, align, false);
   size_t cls = hak_size_class(need);
   while (cls < HAK_CLASSES && hak_class_size[cls] % align != 0) cls++;
   if (cls == HAK_CLASSES) return hak_large_alloc(size, align, false);
@@ -40,11 +39,13 @@ static void *alloc_aligned_slab(size_t align, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  hak_block_t *b = heap->free[cls];
-  if (b) heap->free[cls] = b->next;
-  else if ((b = hak_heap_refill(heap, cls)) == NULL) {
-    errno = ENOMEM;
-    return NULL;
+  void *b = hak_heap_pop(heap, cls);
+  if (b == NULL) {
+    if (!hak_heap_refill(heap, cls)) {
+      errno = ENOMEM;
+      return NULL;
+    }
+    b = hak_heap_pop(heap, cls);
   }
   HAK_CSTAT_ALLOC(cls, size);
   HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
@@ -64,7 +65,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  if (total > HAK_BIG_MAX) return hak_large_alloc(total, 0, true);
+  if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
   void *p = hak_malloc_inline(total);
   if (HAK_LIKELY(p != NULL)) memset(p, 0, total);
   return p;
@@ -74,7 +75,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
 static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   hak_slab_t *slab = hak_slab_of(seg, p);
   hak_check_block(seg, slab, p);
-  return slab->block_size;
+  return slab->block_size - HAK_CANARY;
 }
 
 void *hak_realloc_impl(void *p, size_t size) {

@@ -11,6 +11,9 @@ static HAK_COLD __attribute__((noreturn)) void report(const char *what, const vo
 
 HAK_COLD void hak_invalid_free(const void *p) { report("invalid free", p); }
 HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
+#if HAK_SECURE
+HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in block", p); }
+#endif
 
 /* Aborts unless p is the start of a block that was handed out. A block
  * boundary of a slab that is free again was handed out and freed already. */
@@ -25,7 +28,7 @@ void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
 static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
   hak_block_t *head = atomic_load_explicit(&slab->remote, memory_order_relaxed);
   do {
-    b->next = head;
+    hak_set_next(b, head);
   } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, b, memory_order_release,
                                                   memory_order_relaxed));
   HAK_XSTAT_ADD(remote_frees, 1);
@@ -48,6 +51,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   }
   hak_slab_t *slab = hak_slab_of(seg, p);
   hak_check_block(seg, slab, p);
+  hak_block_check_free(p, slab->block_size);
   HAK_CSTAT_FREE(slab->cls);
   hak_heap_t *heap = hak_tls_heap;
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) {
@@ -58,7 +62,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   HAK_ASSERT(slab->state == HAK_SLAB_FULL);
   hak_block_t *b = (hak_block_t *)p;
   pthread_mutex_lock(&heap->lock);
-  b->next = slab->local_free;
+  hak_set_next(b, slab->local_free);
   slab->local_free = b;
   slab->used--;
   hak_queue_remove(&heap->full[slab->cls], slab);

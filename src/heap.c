@@ -134,7 +134,7 @@ void hak_heaps_usage(hak_usage_t *u) {
   hak_heap_t *me = hak_tls_heap;
   for (size_t c = 0; c < HAK_CLASSES; c++) {
     size_t n = 0;
-    for (hak_block_t *b = me->free[c]; b; b = b->next) n++;
+    for (hak_block_t *b = me->free[c]; b; b = hak_next(b)) n++;
     n = n < u->blocks_used[c] ? n : u->blocks_used[c];
     u->blocks_used[c] -= n;
     u->blocks_free[c] += n;

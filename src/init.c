@@ -6,6 +6,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <sys/random.h>
+#include <time.h>
+
 pthread_key_t hak_thread_key;
 _Atomic int hak_key_ready;
 
@@ -49,6 +52,10 @@ void hak_process_init(void) {
     return;
   }
   init_here = true;
+#if HAK_SECURE
+  if (getrandom(&hak_secret, sizeof hak_secret, GRND_NONBLOCK) != sizeof hak_secret)
+    hak_secret = (uintptr_t)hak_clock_ns() * 0x9e3779b97f4a7c15ull ^ (uintptr_t)&hak_secret;
+#endif
   hak_options_load();
   atomic_store_explicit(&init_state, INIT_DONE, memory_order_release);
   /* These may allocate; allocation works from here on. */
@@ -101,8 +108,23 @@ __attribute__((destructor)) static void process_end(void) {
   }
 }
 
+#if HAK_SECURE
+uintptr_t hak_secret;
+
+uint64_t hak_random(void) {
+  static __thread uint64_t state;
+  if (state == 0) state = (hak_secret ^ (uintptr_t)&state ^ hak_clock_ns()) | 1;
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state;
+}
+#endif
+
 const char *hak_version(void) {
-#if HAK_DEBUG
+#if HAK_SECURE
+  return "hakmem " HAK_VERSION " (secure)";
+#elif HAK_DEBUG
   return "hakmem " HAK_VERSION " (debug)";
 #elif HAK_STATS
   return "hakmem " HAK_VERSION " (stats)";

@@ -62,6 +62,7 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
+void hak_os_guard(void *p, size_t size);  /* PROT_NONE */
 /* mremap: in place when target is NULL, else moved to target (replacing
  * what is mapped there); NULL on failure. */
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);
@@ -123,8 +124,8 @@ void hak_slab_init(hak_slab_t *slab, size_t cls);
 size_t hak_slab_collect_remote(hak_slab_t *slab);
 /* Puts a list of n blocks of slab back on its local free list. */
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
-/* Refills heap->free[cls]; returns a block or NULL (out of memory). */
-void *hak_heap_refill(hak_heap_t *heap, size_t cls);
+/* Refills heap->free[cls]; false when out of memory. */
+bool hak_heap_refill(hak_heap_t *heap, size_t cls);
 /* Free fast path found used == 0. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab);
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s);
@@ -229,19 +230,66 @@ void hak_purge_fork_parent(void);
 void hak_purge_fork_child(void);
 
 /* ---- init.c ---- */
+#if HAK_SECURE
+uint64_t hak_random(void); /* per-thread xorshift, seeded from the secret */
+#endif
 void hak_process_init(void);
 extern pthread_key_t hak_thread_key;
 extern _Atomic int hak_key_ready;
+
+/* ---- free-list links: plain, or encoded with a secret in secure builds ---- */
+#if HAK_SECURE
+extern uintptr_t hak_secret;
+HAK_INLINE hak_block_t *hak_next(const hak_block_t *b) {
+  return (hak_block_t *)((uintptr_t)b->next ^ hak_secret ^ (uintptr_t)b);
+}
+HAK_INLINE void hak_set_next(hak_block_t *b, hak_block_t *next) {
+  b->next = (hak_block_t *)((uintptr_t)next ^ hak_secret ^ (uintptr_t)b);
+}
+/* Word 1 of a free block holds a keyed tag: freeing a block that carries it
+ * is a double free. The last word of a live block holds a keyed canary. */
+HAK_INLINE uintptr_t hak_free_tag(const void *b) {
+  return hak_secret ^ (uintptr_t)b ^ (uintptr_t)0xf7eeb10cf7eeb10cull;
+}
+HAK_INLINE uintptr_t hak_canary(const void *b) {
+  return hak_secret ^ ((uintptr_t)b * 0x9e3779b97f4a7c15ull);
+}
+HAK_INLINE void hak_block_handout(void *b, size_t block_size) {
+  ((uintptr_t *)b)[1] = 0;
+  *(uintptr_t *)((uint8_t *)b + block_size - HAK_CANARY) = hak_canary(b);
+}
+HAK_COLD __attribute__((noreturn)) void hak_overflow(const void *p);
+HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {
+  if (HAK_UNLIKELY(((uintptr_t *)b)[1] == hak_free_tag(b))) hak_double_free(b);
+  if (HAK_UNLIKELY(*(uintptr_t *)((uint8_t *)b + block_size - HAK_CANARY) != hak_canary(b)))
+    hak_overflow(b);
+  ((uintptr_t *)b)[1] = hak_free_tag(b);
+}
+#else
+HAK_INLINE hak_block_t *hak_next(const hak_block_t *b) { return b->next; }
+HAK_INLINE void hak_set_next(hak_block_t *b, hak_block_t *next) { b->next = next; }
+HAK_INLINE void hak_block_handout(void *b, size_t block_size) {}
+HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
+#endif
+
+/* Pops a block of cls from the heap's list, or NULL. */
+HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
+  hak_block_t *b = heap->free[cls];
+  if (HAK_LIKELY(b != NULL)) {
+    heap->free[cls] = hak_next(b);
+    hak_block_handout(b, hak_class_size[cls]);
+  }
+  return b;
+}
 
 /* ---- fast paths ---- */
 
 HAK_INLINE void *hak_malloc_inline(size_t size) {
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(size <= HAK_SMALL_MAX)) {
-    size_t cls = hak_small_class[(size + 15) >> 4];
-    hak_block_t *b = heap->free[cls];
+  if (HAK_LIKELY(size <= HAK_SMALL_MAX - HAK_CANARY)) {
+    size_t cls = hak_small_class[(size + HAK_CANARY + 15) >> 4];
+    void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
-      heap->free[cls] = b->next;
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
@@ -259,8 +307,12 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_block_t *b = (hak_block_t *)p, *head = slab->local_free;
       /* the same block freed twice in a row: costs one compare */
       if (HAK_UNLIKELY(head == b)) hak_double_free(p);
+#if HAK_SECURE
+      hak_check_block(seg, slab, p); /* interior and foreign pointers */
+#endif
+      hak_block_check_free(b, slab->block_size);
       HAK_CSTAT_FREE(slab->cls);
-      b->next = head;
+      hak_set_next(b, head);
       slab->local_free = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
       hak_slab_emptied(heap, slab);

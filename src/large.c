@@ -58,7 +58,10 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     hak_os_unmap(seg, map_size);
     return NULL;
   }
+  /* Only the fields and slabs[0] of the header are used here: the rest of
+   * the struct would overlap the block (or the guard page). */
   hak_segment_t *s = (hak_segment_t *)seg;
+  if (HAK_GUARD_PAGES) hak_os_guard(seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
   s->kind = HAK_KIND_LARGE;
   s->slab_shift = 63;
   s->slab_count = 1;
@@ -78,7 +81,9 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   HAK_SLOW_BEGIN();
   hak_process_init();
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET
-                  : align <= HAK_SEG_SIZE   ? align
+                  : align <= HAK_SEG_SIZE   ? (HAK_GUARD_PAGES && align < 2 * HAK_LARGE_OFFSET
+                                                   ? 2 * HAK_LARGE_OFFSET
+                                                   : align)
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
   hak_segment_t *seg = offset == HAK_LARGE_OFFSET ? cache_take(map_size) : NULL;

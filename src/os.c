@@ -5,7 +5,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,6 +48,11 @@ void hak_os_purge(void *p, size_t size) {
   HAK_STAT_SUB(committed, size);
 }
 
+void hak_os_guard(void *p, size_t size) {
+  if (mprotect(p, size, PROT_NONE) != 0)
+    hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
+}
+
 uint64_t hak_clock_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -61,28 +65,27 @@ uint64_t hak_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-size_t hak_os_rss(void) {
-  /* /proc/self/statm: size resident ... (in pages) */
-  int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+/* A "Name:   123 kB" field of /proc/self/status, in bytes (0 if absent).
+ * VmHWM rather than getrusage: ru_maxrss is inherited across exec. */
+static size_t proc_status_kib(const char *field) {
+  int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
-  char buf[128];
+  char buf[4096];
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
   if (n <= 0) return 0;
   buf[n] = 0;
-  const char *s = buf;
-  while (*s && *s != ' ') s++;
-  size_t pages = 0;
-  while (*s == ' ') s++;
-  while (*s >= '0' && *s <= '9') pages = pages * 10 + (size_t)(*s++ - '0');
-  return pages * (size_t)sysconf(_SC_PAGESIZE);
+  const char *s = strstr(buf, field);
+  if (s == NULL) return 0;
+  s += strlen(field);
+  while (*s == ' ' || *s == '\t') s++;
+  size_t kib = 0;
+  while (*s >= '0' && *s <= '9') kib = kib * 10 + (size_t)(*s++ - '0');
+  return kib * 1024;
 }
 
-size_t hak_os_rss_peak(void) {
-  struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  return (size_t)ru.ru_maxrss * 1024;
-}
+size_t hak_os_rss(void) { return proc_status_kib("VmRSS:"); }
+size_t hak_os_rss_peak(void) { return proc_status_kib("VmHWM:"); }
 
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {
   void *p = target ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target)

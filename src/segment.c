@@ -16,7 +16,8 @@ static size_t cache_count;
 static const uint8_t kind_shift[HAK_KIND_COUNT] = {
     HAK_SMALL_SLAB_SHIFT, HAK_MID_SLAB_SHIFT, HAK_BIG_SLAB_SHIFT};
 
-_Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER, "segment header too big");
+_Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_PAGE_SIZE,
+               "segment header too big");
 _Static_assert(sizeof(hak_slab_t) == 64, "slab descriptor is one cache line");
 
 void hak_segmap_set(hak_segment_t *seg, bool on) {
@@ -210,6 +211,7 @@ static hak_segment_t *segment_new(void) {
     return NULL;
   }
   HAK_STAT_ADD(segments, 1);
+  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
   hak_segmap_set(seg, true);
   return seg;
 }

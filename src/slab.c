@@ -48,11 +48,8 @@ size_t hak_slab_collect_remote(hak_slab_t *slab) {
   if (list == NULL) return 0;
   size_t n = 1;
   hak_block_t *tail = list;
-  while (tail->next) {
-    tail = tail->next;
-    n++;
-  }
-  tail->next = slab->local_free;
+  for (hak_block_t *next; (next = hak_next(tail)) != NULL; tail = next) n++;
+  hak_set_next(tail, slab->local_free);
   slab->local_free = list;
   HAK_ASSERT(slab->used >= n);
   slab->used -= (uint32_t)n;
@@ -64,11 +61,8 @@ void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list) {
   if (list == NULL) return;
   size_t n = 1;
   hak_block_t *tail = list;
-  while (tail->next) {
-    tail = tail->next;
-    n++;
-  }
-  tail->next = slab->local_free;
+  for (hak_block_t *next; (next = hak_next(tail)) != NULL; tail = next) n++;
+  hak_set_next(tail, slab->local_free);
   slab->local_free = list;
   HAK_ASSERT(slab->used >= n);
   slab->used -= (uint32_t)n;
@@ -82,11 +76,27 @@ static hak_block_t *slab_extend(hak_slab_t *slab) {
   if (n < 4) n = 4;
   if (n > slab->capacity - slab->reserved) n = slab->capacity - slab->reserved;
   uint8_t *first = hak_slab_start(seg, slab) + (size_t)slab->reserved * bs;
-  uint8_t *b = first;
-  for (size_t i = 1; i < n; i++, b += bs) ((hak_block_t *)b)->next = (hak_block_t *)(b + bs);
-  ((hak_block_t *)b)->next = NULL;
   slab->reserved += (uint32_t)n;
+#if HAK_SECURE
+  /* A random order, so the next block's address cannot be predicted. */
+  uint16_t order[HAK_EXTEND_BYTES / 16];
+  for (size_t i = 0; i < n; i++) order[i] = (uint16_t)i;
+  for (size_t i = n - 1; i > 0; i--) {
+    size_t j = hak_random() % (i + 1);
+    uint16_t t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (size_t i = 0; i + 1 < n; i++)
+    hak_set_next((hak_block_t *)(first + order[i] * bs), (hak_block_t *)(first + order[i + 1] * bs));
+  hak_set_next((hak_block_t *)(first + order[n - 1] * bs), NULL);
+  return (hak_block_t *)(first + order[0] * bs);
+#else
+  uint8_t *b = first;
+  for (size_t i = 1; i < n; i++, b += bs) hak_set_next((hak_block_t *)b, (hak_block_t *)(b + bs));
+  hak_set_next((hak_block_t *)b, NULL);
   return (hak_block_t *)first;
+#endif
 }
 
 /* All free blocks of the slab as one list for the heap, or NULL. */
@@ -146,7 +156,7 @@ static void heap_revive_full(hak_heap_t *heap) {
   }
 }
 
-static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
+static bool heap_refill_locked(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
   if (HAK_UNLIKELY(heap->next_purge_ms != 0) && hak_clock_ms() >= heap->next_purge_ms)
@@ -161,8 +171,8 @@ static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
           hak_queue_remove(q, slab);
           hak_queue_push_front(q, slab);
         }
-        heap->free[cls] = list->next;
-        return list;
+        heap->free[cls] = list;
+        return true;
       }
       hak_slab_t *next = slab->next;
       hak_queue_remove(q, slab);
@@ -177,7 +187,7 @@ static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
     slab = hak_segment_alloc_slab(heap, hak_class_kind(cls), &adopted);
     if (slab == NULL) {
       if (adopted) continue;
-      return NULL;
+      return false;
     }
     hak_slab_init(slab, cls);
     hak_queue_push_front(q, slab);
@@ -185,10 +195,10 @@ static void *heap_refill_locked(hak_heap_t *heap, size_t cls) {
   }
 }
 
-void *hak_heap_refill(hak_heap_t *heap, size_t cls) {
+bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_SLOW_BEGIN();
   pthread_mutex_lock(&heap->lock);
-  void *b = heap_refill_locked(heap, cls);
+  bool b = heap_refill_locked(heap, cls);
   pthread_mutex_unlock(&heap->lock);
   HAK_SLOW_END();
   hak_purge_start();

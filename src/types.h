@@ -22,11 +22,26 @@
 #define HAK_SEG_SHIFT 22
 #define HAK_SEG_SIZE ((size_t)1 << HAK_SEG_SHIFT)
 #define HAK_SEG_MASK (HAK_SEG_SIZE - 1)
+#ifndef HAK_SECURE
+#define HAK_SECURE 0
+#endif
+#define HAK_PAGE_SIZE ((size_t)4096)
+#if HAK_SECURE
+/* Secure builds put a PROT_NONE guard page between the metadata and the
+ * first block of every segment, and an 8-byte canary at the end of every
+ * slab block. */
+#define HAK_SEG_HEADER ((size_t)12288)
+#define HAK_LARGE_OFFSET ((size_t)8192)
+#define HAK_GUARD_PAGES 1
+#define HAK_CANARY ((size_t)8)
+#else
 /* Bytes at the start of a segment taken by its header (slab 0 starts after). */
 #define HAK_SEG_HEADER ((size_t)8192)
-#define HAK_PAGE_SIZE ((size_t)4096)
 /* Large blocks start one page after their header. */
 #define HAK_LARGE_OFFSET HAK_PAGE_SIZE
+#define HAK_GUARD_PAGES 0
+#define HAK_CANARY ((size_t)0)
+#endif
 
 /* Slab kinds: each segment holds slabs of one kind. */
 enum {
