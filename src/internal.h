@@ -300,10 +300,14 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
 HAK_INLINE void hak_free_inline(void *p) {
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_LIKELY(seg != NULL)) {
-    hak_slab_t *slab = hak_slab_of(seg, p);
+    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+    hak_slab_t *slab = &seg->slabs[off >> seg->slab_shift];
     hak_heap_t *heap = hak_tls_heap;
     if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == heap)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
+      /* an interior or misaligned pointer is not a multiple of the size */
+      if (HAK_UNLIKELY((uint64_t)(uint32_t)(off - slab->start_off) * slab->magic >= slab->magic))
+        hak_invalid_free(p);
       hak_block_t *b = (hak_block_t *)p, *head = slab->local_free;
       /* the same block freed twice in a row: costs one compare */
       if (HAK_UNLIKELY(head == b)) hak_double_free(p);

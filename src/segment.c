@@ -18,7 +18,7 @@ static const uint8_t kind_shift[HAK_KIND_COUNT] = {
 
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_PAGE_SIZE,
                "segment header too big");
-_Static_assert(sizeof(hak_slab_t) == 64, "slab descriptor is one cache line");
+_Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
 
 void hak_segmap_set(hak_segment_t *seg, bool on) {
   uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;

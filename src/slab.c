@@ -33,6 +33,8 @@ void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s) {
 void hak_slab_init(hak_slab_t *slab, size_t cls) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   slab->block_size = hak_class_size[cls];
+  slab->magic = UINT64_MAX / slab->block_size + 1;
+  slab->start_off = (uint32_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
   slab->capacity = (uint32_t)(hak_slab_bytes(seg, slab) / slab->block_size);
   slab->cls = (uint8_t)cls;
   slab->reserved = 0;

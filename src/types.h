@@ -30,13 +30,13 @@
 /* Secure builds put a PROT_NONE guard page between the metadata and the
  * first block of every segment, and an 8-byte canary at the end of every
  * slab block. */
-#define HAK_SEG_HEADER ((size_t)12288)
+#define HAK_SEG_HEADER ((size_t)16384)
 #define HAK_LARGE_OFFSET ((size_t)8192)
 #define HAK_GUARD_PAGES 1
 #define HAK_CANARY ((size_t)8)
 #else
 /* Bytes at the start of a segment taken by its header (slab 0 starts after). */
-#define HAK_SEG_HEADER ((size_t)8192)
+#define HAK_SEG_HEADER ((size_t)12288)
 /* Large blocks start one page after their header. */
 #define HAK_LARGE_OFFSET HAK_PAGE_SIZE
 #define HAK_GUARD_PAGES 0
@@ -82,30 +82,34 @@ typedef enum {
   HAK_SLAB_ORPHAN,   /* in an abandoned segment */
 } hak_slab_state_t;
 
-/* One slab descriptor: exactly one cache line. The free fast path reads
- * owner, local_free and used; everything else is slow-path state. */
+/* One slab descriptor: two cache lines. The first holds everything the
+ * owner's free fast path reads; the second the list other threads push to,
+ * so remote frees do not bounce the owner's line. */
 struct __attribute__((aligned(64))) hak_slab_s {
   /* The heap that may free into local_free without atomics. NULL unless the
    * slab is ACTIVE, so every other case (full, abandoned, large) takes the
    * slow path with a single comparison. */
   _Atomic(hak_heap_t *) owner;
-  hak_block_t *local_free;  /* blocks freed by the owner */
-  uint32_t used;            /* reserved blocks not on local_free */
-  uint32_t capacity;        /* blocks that fit in the slab */
-  _Atomic(hak_block_t *) remote; /* blocks freed by other threads */
-  uint32_t reserved;        /* blocks carved from the slab so far */
+  hak_block_t *local_free; /* blocks freed by the owner */
+  /* ceil(2^64 / block_size): offset n is a block start iff n * magic < magic
+   * (exact for n < 2^32), so free checks a pointer with one multiply. */
+  uint64_t magic;
+  uint32_t used;       /* reserved blocks not on local_free */
+  uint32_t start_off;  /* first block's offset from the segment */
   uint32_t block_size;
+  uint32_t capacity;   /* blocks that fit in the slab */
+  uint32_t reserved;   /* blocks carved from the slab so far */
   uint8_t cls;
   uint8_t state;  /* hak_slab_state_t */
   uint8_t purged; /* FREE slab whose memory went back to the OS */
   uint8_t index;  /* position in the segment */
-  uint32_t unused_pad;
   union {
     struct {
       hak_slab_t *next, *prev; /* heap queue or full list */
     };
     uint64_t free_since_ms; /* FREE: when it was released */
   };
+  _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
 };
 
 struct hak_segment_s {
