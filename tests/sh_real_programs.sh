@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Real Debian programs under LD_PRELOAD=$LIBHAKMEM: each workload runs once
+# with the system allocator and once with hakmem; stdout, stderr and the exit
+# code must be identical. Missing programs are failures (CI installs them:
+# python3 perl coreutils gcc g++ sqlite3).
+set -u
+SUITE=real_programs
+pass=0
+fail=0
+ok() { echo "  ok    $SUITE.$1${2:+ ($2)}"; pass=$((pass + 1)); }
+bad() { echo "  FAIL  $SUITE.$1: $2"; fail=$((fail + 1)); }
+finish() {
+  echo "RESULT $SUITE $pass $fail"
+  [ "$fail" -eq 0 ]
+  exit
+}
+
+LIBHAKMEM=${LIBHAKMEM:-${BUILD:-build}/libhakmem.so}
+if [ ! -f "$LIBHAKMEM" ]; then
+  bad setup "LIBHAKMEM is unset or not a file: '${LIBHAKMEM:-}'"
+  finish
+fi
+case "$LIBHAKMEM" in /*) ;; *) LIBHAKMEM=$PWD/$LIBHAKMEM ;; esac
+
+T=$(mktemp -d /tmp/hakmem-real.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+# The programs run with hakmem's default options: no HAKMEM_* variable
+# from the caller's environment reaches them.
+for v in $(compgen -e | grep '^HAKMEM_'); do unset "$v"; done
+export LC_ALL=C
+
+PY=/usr/bin/python3
+need() { # need NAME PATH...: fails the check NAME if a program is missing
+  local name=$1; shift
+  for p in "$@"; do
+    if ! command -v "$p" >/dev/null 2>&1; then
+      bad "$name" "required program '$p' is not installed (apt-get install it)"
+      return 1
+    fi
+  done
+}
+
+# same NAME CMD...: runs CMD (in $T) without and with the preload and compares.
+same() {
+  local name=$1; shift
+  local b=$T/$name.base h=$T/$name.hak rb rh t0 t1 t2
+  t0=$(date +%s.%N)
+  (cd "$T" && timeout 120 "$@" >"$b.out" 2>"$b.err"); rb=$?
+  t1=$(date +%s.%N)
+  (cd "$T" && timeout 120 env LD_PRELOAD="$LIBHAKMEM" "$@" >"$h.out" 2>"$h.err"); rh=$?
+  t2=$(date +%s.%N)
+  local times
+  times=$(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN{printf "system %.2fs, hakmem %.2fs", b-a, c-b}')
+  if [ "$rb" -ne 0 ]; then
+    bad "$name" "workload fails even without hakmem (exit $rb): $(head -c 300 "$b.err")"
+    return 1
+  fi
+  if [ "$rh" -eq 124 ]; then
+    bad "$name" "timed out (120 s) under hakmem"
+    return 1
+  fi
+  if [ "$rh" -ne "$rb" ]; then
+    bad "$name" "exit $rh under hakmem vs $rb without; stderr: $(head -c 400 "$h.err")"
+    return 1
+  fi
+  if ! cmp -s "$b.out" "$h.out"; then
+    bad "$name" "stdout differs under hakmem ($(wc -c <"$b.out") vs $(wc -c <"$h.out") bytes): $(diff "$b.out" "$h.out" | head -5 | tr '\n' '|')"
+    return 1
+  fi
+  if ! cmp -s "$b.err" "$h.err"; then
+    bad "$name" "stderr differs under hakmem: $(diff "$b.err" "$h.err" | head -5 | tr '\n' '|')"
+    return 1
+  fi
+  if [ ! -s "$b.out" ]; then
+    bad "$name" "workload printed nothing (test bug)"
+    return 1
+  fi
+  ok "$name" "$times"
+}
+
+# ---------------------------------------------------------------- python3
+cat >"$T/work.py" <<'EOF'
+import gc, hashlib, json, random, threading
+random.seed(12345)
+d = {}
+for i in range(200000):
+    k = "k%07d-%s" % (i, "x" * (i % 37))
+    d[k] = [i, str(i * 7), {"v": i % 1000, "s": k[::-1]}]
+keys = sorted(d, key=lambda s: (len(s), s[::-1]))
+sub = {k: d[k] for k in keys[:60000]}
+s = json.dumps(sub, sort_keys=True)
+back = json.loads(s)
+assert back == json.loads(json.dumps(back))
+nums = [random.random() for _ in range(200000)]
+nums.sort()
+words = " ".join(keys[::3]).split(" ")
+for k in keys[::2]:
+    del d[k]
+for i in range(100000):
+    d["n%d" % i] = bytearray(i % 700)
+gc.collect()
+results = [None] * 4
+def worker(t):
+    acc = {}
+    for i in range(60000):
+        acc[(t, i % 5000)] = "%d:%d" % (t, i) * (1 + i % 5)
+    results[t] = sum(len(v) for v in acc.values())
+ths = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+for t in ths: t.start()
+for t in ths: t.join()
+h = hashlib.sha256()
+for k in sorted(d)[::5]:
+    h.update(k.encode())
+h.update(s.encode())
+print(len(d), len(back), len(words), "%.6f" % sum(nums), results, h.hexdigest())
+EOF
+if need python3 "$PY"; then
+  same python3_dict_json_sort "$PY" "$T/work.py"
+fi
+
+# ---------------------------------------------------------------- perl
+cat >"$T/work.pl" <<'EOF'
+use strict; use warnings; use Digest::MD5 qw(md5_hex);
+my %h;
+for my $i (0 .. 199999) { $h{"key$i" . ("y" x ($i % 23))} = [$i, "v" . ($i * 3), { n => $i % 97 }]; }
+my @k = sort keys %h;
+my $sum = 0; $sum += $h{$_}[0] for @k;
+delete @h{ @k[ grep { $_ % 2 } 0 .. $#k ] };
+my %inv; push @{ $inv{ $h{$_}[2]{n} } }, $_ for keys %h;
+my $s = join(",", map { "$_=" . $h{$_}[1] } sort keys %h);
+my @parts = split /,/, $s; my $re = join("", map { chr(65 + $_ % 26) x ($_ % 50) } 0 .. 20000);
+(my $t = $re) =~ s/(A+)/lc($1)/ge;
+print scalar(keys %h), " $sum ", scalar(@parts), " ", scalar(keys %inv), " ", md5_hex($s), " ", md5_hex($t), "\n";
+EOF
+if need perl perl; then
+  same perl_hash_sort_regex perl "$T/work.pl"
+fi
+
+# ---------------------------------------------------------------- sort
+if need sort sort awk; then
+  awk 'BEGIN { srand(7); for (i = 0; i < 200000; i++)
+         printf "%08d %s %d\n", int(rand() * 100000000), substr("abcdefghijklmnopqrstuvwxyz", i % 26 + 1, 1 + i % 9), i }' \
+    >"$T/lines.txt"
+  same sort_200k_lines sort "$T/lines.txt"
+  same sort_200k_lines_parallel_tempfiles sort --parallel=2 -S 1M -T "$T" -k2,2 -k1,1n "$T/lines.txt"
+fi
+
+# ---------------------------------------------------------------- gcc / g++
+cat >"$T/prog.c" <<'EOF'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+int main(void) {
+  enum { N = 50000 };
+  char **v = malloc(N * sizeof *v);
+  unsigned long h = 5381;
+  for (int i = 0; i < N; i++) { v[i] = malloc(24); snprintf(v[i], 24, "s%d", (i * 7919) % N); }
+  qsort(v, N, sizeof *v, cmp);
+  for (int i = 0; i < N; i++) { for (char *c = v[i]; *c; c++) h = h * 33 + (unsigned char)*c; free(v[i]); }
+  free(v);
+  printf("%s %lu\n", "prog ok", h);
+  return 0;
+}
+EOF
+cat >"$T/prog.cc" <<'EOF'
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+int main() {
+  std::map<std::string, std::vector<int>> m;
+  for (int i = 0; i < 100000; i++) m["k" + std::to_string(i % 3001)].push_back(i);
+  std::ostringstream os;
+  long s = 0;
+  for (auto &kv : m) { s += kv.second.back(); std::sort(kv.second.rbegin(), kv.second.rend()); }
+  os << m.size() << " " << s << " " << m.begin()->second.front();
+  std::cout << os.str() << std::endl;
+}
+EOF
+# The compilers run under each allocator; the built programs then run plainly.
+cat >"$T/build_c.sh" <<'EOF'
+set -e
+out=$1
+gcc -O2 -Wall -o "$out" prog.c
+./"$out"
+EOF
+cat >"$T/build_cc.sh" <<'EOF'
+set -e
+out=$1
+g++ -O2 -Wall -o "$out" prog.cc
+./"$out"
+EOF
+if need gcc_compiles_and_runs gcc; then
+  if same gcc_compiles_and_runs bash "$T/build_c.sh" prog_c_bin; then
+    if grep -q '^prog ok ' "$T/gcc_compiles_and_runs.hak.out"; then ok gcc_compiled_program_output_correct
+    else bad gcc_compiled_program_output_correct "unexpected output: $(head -c 200 "$T/gcc_compiles_and_runs.hak.out")"; fi
+  fi
+fi
+if need gxx_compiles_and_runs g++; then
+  same gxx_compiles_and_runs bash "$T/build_cc.sh" prog_cc_bin
+fi
+
+# ---------------------------------------------------------------- sqlite3
+{
+  echo "CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v INTEGER, pad TEXT);"
+  echo "BEGIN;"
+  awk 'BEGIN { for (i = 1; i <= 50000; i++)
+         printf "INSERT INTO t(k, v, pad) VALUES (%ck%d%c, %d, %c%s%c);\n", 39, (i * 7919) % 1000, 39, (i * 13) % 1001, 39, substr("ppppppppppppppppppppppppppppppppppppppppppppppppp", 1, i % 50), 39 }'
+  echo "COMMIT;"
+  cat <<'EOF'
+CREATE INDEX t_k ON t(k);
+CREATE INDEX t_v ON t(v, k);
+SELECT k, count(*), sum(v), avg(length(pad)) FROM t GROUP BY k ORDER BY k LIMIT 15;
+SELECT count(*), min(id), max(id) FROM t WHERE v BETWEEN 100 AND 200;
+SELECT v % 10 AS d, count(DISTINCT k), group_concat(DISTINCT length(pad)) FROM t GROUP BY d ORDER BY d;
+UPDATE t SET pad = pad || pad WHERE v % 3 = 0;
+DELETE FROM t WHERE v % 5 = 0;
+SELECT count(*), sum(length(pad)) FROM t;
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 20000)
+  SELECT count(*), sum(x) FROM c JOIN t ON t.id = c.x;
+SELECT a.k, count(*) FROM t a JOIN t b ON a.k = b.k AND a.id < b.id WHERE a.v < 3 GROUP BY a.k ORDER BY 2 DESC, 1 LIMIT 5;
+VACUUM;
+PRAGMA integrity_check;
+EOF
+} >"$T/work.sql"
+cat >"$T/run_sqlite.sh" <<'EOF'
+set -e
+db=$1
+rm -f "$db"
+sqlite3 "$db" <work.sql
+sqlite3 "$db" "SELECT count(*) FROM t;"
+EOF
+if need sqlite3_workload sqlite3; then
+  same sqlite3_workload bash "$T/run_sqlite.sh" db1.sqlite
+fi
+
+# ---------------------------------------------------------------- hakmem really served
+if [ -x "$PY" ]; then
+  LD_PRELOAD="$LIBHAKMEM" timeout 60 "$PY" -c "print(open('/proc/self/maps').read())" \
+    >"$T/maps.txt" 2>"$T/maps.err"
+  if grep -q libhakmem "$T/maps.txt"; then
+    ok preload_maps_libhakmem_into_python3
+  else
+    bad preload_maps_libhakmem_into_python3 "libhakmem not in python3's /proc/self/maps under LD_PRELOAD"
+  fi
+  # Python's own allocations must land in hakmem: a 96 MiB bytearray
+  # (PyMem_RawCalloc -> calloc) must show up in hakmem's `mapped` statistic.
+  r=$(LD_PRELOAD="$LIBHAKMEM" timeout 60 "$PY" - "$LIBHAKMEM" <<'EOF' 2>"$T/served.err"
+import ctypes, sys
+h = ctypes.CDLL(sys.argv[1])
+st = (ctypes.c_size_t * 14)()
+h.hak_stats_get(st)
+before = st[0]
+blob = bytearray(96 << 20)
+blob[-1] = 1
+h.hak_stats_get(st)
+after = st[0]
+print("served" if after - before >= (64 << 20) else "not-served mapped %d -> %d" % (before, after))
+EOF
+)
+  if [ "$r" = "served" ]; then ok python3_allocations_served_by_hakmem
+  else bad python3_allocations_served_by_hakmem "$r $(tail -3 "$T/served.err" | tr '\n' '|')"; fi
+  err=$(LD_PRELOAD="$LIBHAKMEM" HAKMEM_STATS=1 timeout 60 "$PY" -c 'pass' 2>&1 >/dev/null)
+  if printf '%s' "$err" | grep -qi hakmem; then
+    ok hakmem_stats_env_prints_report
+  else
+    bad hakmem_stats_env_prints_report "HAKMEM_STATS=1 python3 -c pass: stderr has no 'hakmem' (got: $(printf '%s' "$err" | head -c 200))"
+  fi
+fi
+
+finish

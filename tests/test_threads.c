@@ -1,0 +1,346 @@
+/* Thread lifecycle: thread churn with blocks outliving their thread, threads
+ * exiting with live blocks, TSD destructors that allocate, and fork() while
+ * other threads allocate. */
+#include "harness.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static long vm_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long v = -1;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
+  fclose(f);
+  return v;
+}
+
+/* A block remembers its size in word 0 and carries bytes derived from its
+ * address, so a block handed out twice or overwritten is detected. */
+static unsigned char byte_for(const void *p, size_t i) {
+  uintptr_t a = (uintptr_t)p;
+  return (unsigned char)((a >> 4) * 7 + (a >> 12) + i * 13 + 5);
+}
+static void *make_block(size_t size) {
+  if (size < sizeof(size_t)) size = sizeof(size_t);
+  unsigned char *p = malloc(size);
+  if (!p) return NULL;
+  memcpy(p, &size, sizeof size);
+  for (size_t i = sizeof size; i < size; i++) p[i] = byte_for(p, i);
+  return p;
+}
+static atomic_long g_bad;
+/* Verifies and frees; counts corruption in g_bad. */
+static void check_free(void *v) {
+  unsigned char *p = v;
+  size_t size;
+  memcpy(&size, p, sizeof size);
+  if (size < sizeof size || size > (64u << 20)) {
+    if (atomic_fetch_add(&g_bad, 1) == 0)
+      fprintf(stderr, "    block %p: size word corrupted (%zu)\n", v, size);
+    return;
+  }
+  for (size_t i = sizeof size; i < size; i++)
+    if (p[i] != byte_for(p, i)) {
+      if (atomic_fetch_add(&g_bad, 1) == 0)
+        fprintf(stderr, "    block %p (%zu B): byte %zu is 0x%02x, expected 0x%02x\n", v, size,
+                i, p[i], byte_for(p, i));
+      return;
+    }
+  free(p);
+}
+
+/* ---------- 20k short threads ---------- */
+
+#define HANDOFF 3
+static _Atomic(void **) g_handoff; /* array of HANDOFF blocks left by some earlier thread */
+static atomic_long g_alloc_fail;
+
+static void *churn_thread(void *arg) {
+  unsigned id = (unsigned)(uintptr_t)arg;
+  static const size_t sizes[] = {16, 24, 100, 256, 1000, 3000, 9000, 40000, 200000};
+  void *own[6];
+  for (int i = 0; i < 6; i++) {
+    own[i] = make_block(sizes[(id + (unsigned)i * 5) % 9]);
+    if (!own[i]) atomic_fetch_add(&g_alloc_fail, 1);
+  }
+  for (int i = 0; i < 3; i++)
+    if (own[i]) check_free(own[i]);
+  void **bundle = malloc(HANDOFF * sizeof *bundle);
+  if (!bundle) {
+    atomic_fetch_add(&g_alloc_fail, 1);
+    return NULL;
+  }
+  for (int i = 0; i < HANDOFF; i++) bundle[i] = own[3 + i];
+  void **prev = atomic_exchange(&g_handoff, bundle);
+  if (prev) {
+    for (int i = 0; i < HANDOFF; i++)
+      if (prev[i]) check_free(prev[i]);
+    free(prev);
+  }
+  return NULL;
+}
+
+TEST_T(twenty_thousand_short_threads_rss_bounded, 120) {
+  enum { TOTAL = 20000, BATCH = 8 };
+  long rss_start = vm_rss_kib(), rss_warm = 0, rss_peak = 0;
+  for (int done = 0; done < TOTAL; done += BATCH) {
+    pthread_t th[BATCH];
+    for (int i = 0; i < BATCH; i++) {
+      int rc = pthread_create(&th[i], NULL, churn_thread, (void *)(uintptr_t)(done + i));
+      REQUIRE(rc == 0);
+    }
+    for (int i = 0; i < BATCH; i++) pthread_join(th[i], NULL);
+    if (done == 800) rss_warm = vm_rss_kib();
+    if (done % 1000 == 0) {
+      long r = vm_rss_kib();
+      if (r > rss_peak) rss_peak = r;
+    }
+  }
+  void **last = atomic_exchange(&g_handoff, NULL);
+  if (last) {
+    for (int i = 0; i < HANDOFF; i++)
+      if (last[i]) check_free(last[i]);
+    free(last);
+  }
+  long rss_end = vm_rss_kib();
+  if (rss_end > rss_peak) rss_peak = rss_end;
+  printf("    VmRSS: start %ld KiB, after 800 threads %ld KiB, end %ld KiB, peak %ld KiB "
+         "(growth %ld KiB)\n",
+         rss_start, rss_warm, rss_end, rss_peak, rss_peak - rss_start);
+  CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks", atomic_load(&g_bad));
+  CHECK_MSG(atomic_load(&g_alloc_fail) == 0, "%ld failed allocations",
+            atomic_load(&g_alloc_fail));
+  CHECK_MSG(rss_peak - rss_start < 64 * 1024,
+            "VmRSS grew by %ld KiB over 20000 threads (dead thread heaps not reused?)",
+            rss_peak - rss_start);
+  CHECK_MSG(rss_end - rss_warm < 32 * 1024, "VmRSS kept growing after warm-up: +%ld KiB",
+            rss_end - rss_warm);
+}
+
+/* ---------- threads exit leaving blocks for main ---------- */
+
+#define LEAVE_N 2000
+static void *leaving_thread(void *arg) {
+  void **blocks = malloc(LEAVE_N * sizeof *blocks);
+  if (!blocks) return NULL;
+  unsigned seed = (unsigned)(uintptr_t)arg;
+  for (int i = 0; i < LEAVE_N; i++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t size = (i % 200 == 0) ? 100000 + (seed >> 8) % 400000 : 8 + (seed >> 8) % 2000;
+    blocks[i] = make_block(size);
+    if (!blocks[i]) {
+      atomic_fetch_add(&g_alloc_fail, 1);
+      blocks[i] = NULL;
+    }
+  }
+  return blocks; /* exits without freeing anything */
+}
+
+TEST_T(threads_exit_without_freeing_main_frees_later, 60) {
+  enum { T = 16, ROUNDS = 12 };
+  long rss0 = vm_rss_kib(), rss_round1 = 0;
+  for (int round = 0; round < ROUNDS; round++) {
+    pthread_t th[T];
+    void **res[T];
+    for (int t = 0; t < T; t++)
+      REQUIRE(pthread_create(&th[t], NULL, leaving_thread, (void *)(uintptr_t)(round * T + t + 1)) ==
+              0);
+    for (int t = 0; t < T; t++) {
+      pthread_join(th[t], (void **)&res[t]);
+      REQUIRE(res[t] != NULL);
+    }
+    /* All owners are gone now. Allocate a bit in main first (may reuse the
+     * dead threads' memory), then free everything they left. */
+    void *mine[500];
+    for (int i = 0; i < 500; i++) mine[i] = make_block(8 + (size_t)i * 3);
+    for (int t = 0; t < T; t++) {
+      for (int i = 0; i < LEAVE_N; i++)
+        if (res[t][i]) check_free(res[t][i]);
+      free(res[t]);
+    }
+    for (int i = 0; i < 500; i++)
+      if (mine[i]) check_free(mine[i]);
+    if (round == 0) rss_round1 = vm_rss_kib();
+  }
+  long rss_end = vm_rss_kib();
+  printf("    VmRSS: start %ld KiB, after round 1 %ld KiB, after %d rounds %ld KiB\n", rss0,
+         rss_round1, ROUNDS, rss_end);
+  CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks", atomic_load(&g_bad));
+  CHECK(atomic_load(&g_alloc_fail) == 0);
+  /* One round leaves about 16 * (2000 * 1 KiB + 10 * 300 KiB) = 80 MiB; later
+   * rounds must reuse it rather than add another round's worth each time. */
+  CHECK_MSG(rss_end - rss_round1 < 96 * 1024, "VmRSS grew %ld KiB over %d more rounds",
+            rss_end - rss_round1, ROUNDS - 1);
+}
+
+/* ---------- TSD destructors that allocate after the thread's heap is torn down ---------- */
+
+static pthread_key_t g_key;
+static atomic_long g_dtor_runs;
+
+static void dtor(void *v) {
+  /* Runs during thread exit, possibly after the allocator's own per-thread
+   * cleanup: free the value, allocate, use and free new blocks. */
+  check_free(v);
+  void *a = make_block(64), *b = make_block(5000), *c = make_block(300000);
+  if (!a || !b || !c) atomic_fetch_add(&g_alloc_fail, 1);
+  if (a) check_free(a);
+  if (b) check_free(b);
+  long n = atomic_fetch_add(&g_dtor_runs, 1);
+  /* Every other thread re-arms the key once (second destructor pass) with a
+   * block that will be freed in that pass; c is left for the next pass. */
+  if (c) {
+    if (n % 2 == 0)
+      pthread_setspecific(g_key, c);
+    else
+      check_free(c);
+  }
+}
+
+static void *tsd_thread(void *arg) {
+  void *v = make_block(128 + (size_t)(uintptr_t)arg % 1000);
+  if (!v) {
+    atomic_fetch_add(&g_alloc_fail, 1);
+    return NULL;
+  }
+  pthread_setspecific(g_key, v);
+  for (int i = 0; i < 50; i++) check_free(make_block(32 + (size_t)i * 40));
+  return NULL;
+}
+
+TEST(tsd_destructors_may_malloc_and_free_at_thread_exit) {
+  REQUIRE(pthread_key_create(&g_key, dtor) == 0);
+  for (int round = 0; round < 50; round++) {
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+      REQUIRE(pthread_create(&th[i], NULL, tsd_thread, (void *)(uintptr_t)(round * 4 + i)) == 0);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+  }
+  long runs = atomic_load(&g_dtor_runs);
+  printf("    %ld destructor runs for 200 threads\n", runs);
+  CHECK(runs >= 200);
+  CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks", atomic_load(&g_bad));
+  CHECK(atomic_load(&g_alloc_fail) == 0);
+}
+
+/* ---------- fork while other threads allocate ---------- */
+
+static atomic_int g_stop;
+static atomic_long g_bg_ops;
+
+static void *bg_allocator(void *arg) {
+  unsigned seed = (unsigned)(uintptr_t)arg;
+  void *ring[64] = {0};
+  long ops = 0;
+  while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
+    seed = seed * 1103515245u + 12345u;
+    unsigned k = (seed >> 16) % 64;
+    if (ring[k]) check_free(ring[k]);
+    unsigned r = (seed >> 8) % 100;
+    size_t size = r < 85 ? 8 + seed % 1000 : r < 98 ? 1000 + seed % 60000 : (1u << 20) + seed % 4096;
+    ring[k] = make_block(size);
+    ops++;
+  }
+  for (int k = 0; k < 64; k++)
+    if (ring[k]) check_free(ring[k]);
+  atomic_fetch_add(&g_bg_ops, ops);
+  return NULL;
+}
+
+static void *child_thread(void *arg) {
+  for (int i = 0; i < 500; i++) {
+    void *p = make_block(16 + (size_t)i * 7);
+    if (!p) return (void *)1;
+    check_free(p);
+  }
+  return NULL;
+}
+
+/* Runs in the forked child. Returns the exit code. */
+static int child_work(int n) {
+  void *keep[256] = {0};
+  for (int i = 0; i < 3000; i++) {
+    size_t size = (i % 500 == 0)  ? (1u << 20)
+                  : (i % 50 == 0) ? 20000 + (size_t)i
+                                  : 8 + (size_t)(i * 37) % 2000;
+    void *p = make_block(size);
+    if (!p) return 2;
+    if (i % 3 == 0) {
+      check_free(p);
+    } else {
+      if (keep[i % 256]) check_free(keep[i % 256]);
+      keep[i % 256] = p;
+    }
+  }
+  for (int i = 0; i < 256; i++)
+    if (keep[i]) check_free(keep[i]);
+  void *big = calloc(1, 1u << 20);
+  if (!big) return 3;
+  big = realloc(big, 3u << 20);
+  if (!big) return 4;
+  free(big);
+  if (n % 5 == 0) { /* threads work in the child too */
+    pthread_t t;
+    void *r = (void *)1;
+    if (pthread_create(&t, NULL, child_thread, NULL) != 0) return 5;
+    pthread_join(t, &r);
+    if (r) return 6;
+  }
+  return atomic_load(&g_bad) ? 7 : 0;
+}
+
+TEST_T(fork_while_threads_allocate, 120) {
+  enum { T = 4, FORKS = 50 };
+  pthread_t th[T];
+  for (int t = 0; t < T; t++)
+    REQUIRE(pthread_create(&th[t], NULL, bg_allocator, (void *)(uintptr_t)(t * 7919 + 1)) == 0);
+  int hung = 0, failed = 0;
+  for (int n = 0; n < FORKS; n++) {
+    usleep(2000 + (n % 7) * 1000); /* let the threads get mid-operation */
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      alarm(30);
+      int rc = child_work(n);
+      exit(rc);
+    }
+    /* Wait up to 10 s for this child. */
+    int status = 0;
+    double t0 = th_now();
+    pid_t w;
+    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && th_now() - t0 < 10.0) usleep(1000);
+    if (w == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      if (hung++ == 0) fprintf(stderr, "    fork #%d: child hung for 10 s (deadlock in malloc after fork?)\n", n);
+      continue;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      if (failed++ < 3) {
+        if (WIFSIGNALED(status))
+          fprintf(stderr, "    fork #%d: child killed by signal %d\n", n, WTERMSIG(status));
+        else
+          fprintf(stderr, "    fork #%d: child exit %d\n", n, WEXITSTATUS(status));
+      }
+    }
+  }
+  atomic_store(&g_stop, 1);
+  for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+  printf("    %d forks, background ops %ld, hung %d, failed %d\n", FORKS, atomic_load(&g_bg_ops),
+         hung, failed);
+  CHECK_MSG(hung == 0, "%d children hung", hung);
+  CHECK_MSG(failed == 0, "%d children failed", failed);
+  CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks in the parent", atomic_load(&g_bad));
+  CHECK(atomic_load(&g_bg_ops) > 1000);
+}
+
+TEST_MAIN("threads")
