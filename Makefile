@@ -46,6 +46,8 @@ $(eval $(call VARIANT,$(BUILD)/stats,$(STATS_CFLAGS)))
 $(eval $(call VARIANT,$(BUILD)/secure,$(SECURE_CFLAGS)))
 
 -include tests/tests.mk
+-include tests/sanitize.mk
+-include fuzz/fuzz.mk
 -include bench/bench.mk
 -include tools/tools.mk
 

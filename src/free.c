@@ -15,14 +15,21 @@ HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
 HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in block", p); }
 #endif
 
-/* Aborts unless p is the start of a block that was handed out. A block
- * boundary of a slab that is free again was handed out and freed already. */
+/* Aborts unless p is the start of a block of the slab. A block boundary of
+ * a slab that is free again was handed out and freed already. Other threads
+ * call this too: it reads only what the owner does not change while the
+ * slab is in use (block size and capacity are set before any block of the
+ * slab is handed out), the state atomically, and local_free only when the
+ * slab is the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   size_t off = (size_t)((const uint8_t *)p - hak_slab_start(seg, slab));
   bool boundary = slab->block_size != 0 && off % slab->block_size == 0;
-  if (HAK_UNLIKELY(slab->state == HAK_SLAB_FREE)) report(boundary ? "double free" : "invalid free", p);
-  if (HAK_UNLIKELY(!boundary || off / slab->block_size >= slab->reserved)) report("invalid free", p);
-  if (HAK_UNLIKELY(slab->local_free == p)) report("double free", p);
+  if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE))
+    report(boundary ? "double free" : "invalid free", p);
+  if (HAK_UNLIKELY(!boundary || off / slab->block_size >= slab->capacity)) report("invalid free", p);
+  if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
+      HAK_UNLIKELY(slab->local_free == p))
+    report("double free", p);
 }
 
 static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
@@ -33,7 +40,7 @@ static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
                                                   memory_order_relaxed));
   HAK_XSTAT_ADD(remote_frees, 1);
   /* A FULL slab is off its owner's queues: tell the owner to look. */
-  if (__atomic_load_n(&slab->state, __ATOMIC_RELAXED) == HAK_SLAB_FULL) {
+  if (hak_slab_state(slab) == HAK_SLAB_FULL) {
     hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
     if (owner) atomic_store(&owner->full_remote, 1);
   }
@@ -67,7 +74,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   slab->used--;
   hak_queue_remove(&heap->full[slab->cls], slab);
   hak_queue_push_back(&heap->queue[slab->cls], slab);
-  slab->state = HAK_SLAB_ACTIVE;
+  hak_slab_set_state(slab, HAK_SLAB_ACTIVE);
   atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
   pthread_mutex_unlock(&heap->lock);
   if (slab->used == 0) hak_slab_emptied(heap, slab);

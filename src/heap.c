@@ -164,12 +164,13 @@ bool hak_heaps_purge_due(uint64_t now) {
   bool pending = false;
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
-    if (h->next_purge_ms == 0) continue;
-    if (now >= h->next_purge_ms && pthread_mutex_trylock(&h->lock) == 0) {
-      hak_segment_purge(h, false);
-      pthread_mutex_unlock(&h->lock);
+    if (pthread_mutex_trylock(&h->lock) != 0) { /* busy: look again later */
+      pending = true;
+      continue;
     }
+    if (h->next_purge_ms != 0 && now >= h->next_purge_ms) hak_segment_purge(h, false);
     pending |= h->next_purge_ms != 0;
+    pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&hak_heaps_lock);
   return pending;

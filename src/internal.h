@@ -71,18 +71,22 @@ uint64_t hak_clock_ns(void);
 size_t hak_os_rss(void);
 size_t hak_os_rss_peak(void);
 
-/* ---- segment map: one bit per 4 MiB chunk of the 47-bit address space ---- */
-#define HAK_SEGMAP_WORDS ((size_t)1 << (47 - HAK_SEG_SHIFT - 6))
-extern _Atomic uint64_t hak_segmap[HAK_SEGMAP_WORDS];
+/* ---- segment map: one byte per 4 MiB chunk of the 47-bit address space
+ * (32 MiB of address space, untouched but for the chunks hakmem uses) ---- */
+#define HAK_SEGMAP_SIZE ((size_t)1 << (47 - HAK_SEG_SHIFT))
+extern _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
-/* The segment of p, or NULL if p is not in memory hakmem handed out.
- * NULL itself maps to the last chunk of the address space, never used. */
-HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
+/* Whether (p - 1)'s chunk is a segment of ours. NULL maps to the last
+ * chunk of the address space, which is never used. */
+HAK_INLINE bool hak_segmap_has(const void *p) {
   uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
-  uint64_t word = atomic_load_explicit(
-      &hak_segmap[(chunk >> 6) & (HAK_SEGMAP_WORDS - 1)], memory_order_relaxed);
-  if (HAK_UNLIKELY(!((word >> (chunk & 63)) & 1))) return NULL;
-  return (hak_segment_t *)(chunk << HAK_SEG_SHIFT);
+  return atomic_load_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], memory_order_relaxed);
+}
+
+/* The segment of p, or NULL if p is not in memory hakmem handed out. */
+HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
+  if (HAK_UNLIKELY(!hak_segmap_has(p))) return NULL;
+  return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
 }
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
   return &seg->slabs[((uintptr_t)p - (uintptr_t)seg) >> seg->slab_shift];
@@ -94,6 +98,15 @@ HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
 HAK_INLINE size_t hak_slab_bytes(hak_segment_t *seg, hak_slab_t *slab) {
   return ((size_t)1 << seg->slab_shift) - (slab->index ? 0 : HAK_SEG_HEADER);
 }
+/* A slab's state is read by other threads (remote frees look for FULL and
+ * FREE slabs) while its owner changes it: relaxed atomics, plain movs. */
+HAK_INLINE void hak_slab_set_state(hak_slab_t *slab, hak_slab_state_t state) {
+  __atomic_store_n(&slab->state, (uint8_t)state, __ATOMIC_RELAXED);
+}
+HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
+  return (hak_slab_state_t)__atomic_load_n(&slab->state, __ATOMIC_RELAXED);
+}
+
 HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
   return (hak_segment_t *)((uintptr_t)slab & ~HAK_SEG_MASK);
 }
@@ -298,28 +311,29 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
 }
 
 HAK_INLINE void hak_free_inline(void *p) {
-  hak_segment_t *seg = hak_segment_of(p);
-  if (HAK_LIKELY(seg != NULL)) {
+  if (HAK_LIKELY(hak_segmap_has(p))) {
+    hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
     uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-    hak_slab_t *slab = &seg->slabs[off >> seg->slab_shift];
-    hak_heap_t *heap = hak_tls_heap;
-    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == heap)) {
+    hak_slab_t *slab = (hak_slab_t *)((uintptr_t)seg->slabs +
+                                      ((off >> seg->slab_shift) * sizeof(hak_slab_t)));
+    hak_block_t *b = (hak_block_t *)p, *head;
+    /* Owned and ACTIVE (only then are the other fields ours to read); a
+     * block start (interior and misaligned pointers are not a multiple of
+     * the block size); not the block freed just before. Anything else goes
+     * to the generic path, which names the fault. */
+    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
+                   (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic &&
+                   (head = slab->local_free) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
-      /* an interior or misaligned pointer is not a multiple of the size */
-      if (HAK_UNLIKELY((uint64_t)(uint32_t)(off - slab->start_off) * slab->magic >= slab->magic))
-        hak_invalid_free(p);
-      hak_block_t *b = (hak_block_t *)p, *head = slab->local_free;
-      /* the same block freed twice in a row: costs one compare */
-      if (HAK_UNLIKELY(head == b)) hak_double_free(p);
 #if HAK_SECURE
-      hak_check_block(seg, slab, p); /* interior and foreign pointers */
+      hak_check_block(seg, slab, p);
 #endif
       hak_block_check_free(b, slab->block_size);
       HAK_CSTAT_FREE(slab->cls);
       hak_set_next(b, head);
       slab->local_free = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
-      hak_slab_emptied(heap, slab);
+      hak_slab_emptied(hak_tls_heap, slab);
       return;
     }
   }

@@ -54,7 +54,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     hak_os_unmap(raw, (size_t)(seg - raw));
     hak_os_unmap(seg + map_size, (size_t)(raw + total - (seg + map_size)));
   }
-  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_WORDS * 64 - 1) {
+  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_SIZE - 1) {
     hak_os_unmap(seg, map_size);
     return NULL;
   }
@@ -180,7 +180,7 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
     if (raw != NULL) {
       uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
       size_t old_map = seg->map_size;
-      if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_WORDS * 64 - 1) {
+      if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1) {
         hak_segmap_set(seg, false);
         hak_segment_t *moved = hak_os_remap(seg, old_map, new_map, dst);
         if (moved != NULL) {

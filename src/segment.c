@@ -6,7 +6,7 @@
  * to the OS. */
 #include "internal.h"
 
-_Atomic uint64_t hak_segmap[HAK_SEGMAP_WORDS];
+_Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static hak_segment_t *abandoned[HAK_KIND_COUNT];
@@ -22,12 +22,7 @@ _Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
 
 void hak_segmap_set(hak_segment_t *seg, bool on) {
   uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  uint64_t bit = (uint64_t)1 << (chunk & 63);
-  _Atomic uint64_t *w = &hak_segmap[(chunk >> 6) & (HAK_SEGMAP_WORDS - 1)];
-  if (on)
-    atomic_fetch_or_explicit(w, bit, memory_order_release);
-  else
-    atomic_fetch_and_explicit(w, ~bit, memory_order_release);
+  atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], on, memory_order_release);
 }
 
 /* ---- heap's segment lists ---- */
@@ -141,7 +136,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
   atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
-  slab->state = HAK_SLAB_FREE;
+  hak_slab_set_state(slab, HAK_SLAB_FREE);
   slab->local_free = NULL;
   slab->reserved = 0;
   slab->free_since_ms = hak_clock_ms();
@@ -205,7 +200,7 @@ static hak_segment_t *segment_new(void) {
   hak_segment_t *seg = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
   if (seg == NULL) return NULL;
   /* The last chunk of the address space stands for NULL in the segment map. */
-  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_WORDS * 64 - 1) {
+  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_SIZE - 1) {
     hak_os_unmap(seg, HAK_SEG_SIZE);
     errno = ENOMEM;
     return NULL;
@@ -311,7 +306,7 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
         if (s->state == HAK_SLAB_FREE) continue;
         atomic_store_explicit(&s->owner, NULL, memory_order_relaxed);
         hak_slab_collect_remote(s);
-        s->state = HAK_SLAB_ORPHAN;
+        hak_slab_set_state(s, HAK_SLAB_ORPHAN);
         if (s->used == 0) slab_mark_free(heap, s);
       }
       if (seg->used_slabs == 0) {

@@ -117,13 +117,13 @@ static hak_block_t *slab_take(hak_slab_t *slab) {
 }
 
 static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
-  slab->state = HAK_SLAB_ACTIVE;
+  hak_slab_set_state(slab, HAK_SLAB_ACTIVE);
   atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
 }
 
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
-  __atomic_store_n(&slab->state, HAK_SLAB_FULL, __ATOMIC_RELAXED);
+  hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
 
