@@ -1,0 +1,181 @@
+/* Misuse: frees of pointers hakmem never returned, and double frees. Each
+ * misuse runs in a forked child whose stderr goes to a pipe; the child must
+ * die by SIGABRT and its stderr must contain the exact line
+ *   hakmem: invalid free of 0x...     or     hakmem: double free of 0x...
+ * with the address printed by %p. The child reports the address it is about
+ * to misuse through a second pipe before doing it. */
+#include "harness.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <sys/mman.h>
+
+static char global_buf[256] __attribute__((aligned(64)));
+
+typedef void (*misuse_fn)(int addr_fd);
+
+/* Tells the parent which address the message must name. */
+static void announce(int fd, const void *p) {
+  char buf[64];
+  int n = snprintf(buf, sizeof buf, "%p", p);
+  (void)!write(fd, buf, (size_t)n);
+  close(fd);
+}
+
+static size_t read_all(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  for (;;) {
+    if (n + 1 >= cap) break;
+    ssize_t r = read(fd, buf + n, cap - 1 - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  buf[n] = 0;
+  return n;
+}
+
+/* Does the misuse in a child; checks SIGABRT and the exact stderr line
+ * "<prefix><address announced by the child>". */
+static void expect_abort(misuse_fn fn, const char *prefix) {
+  int errp[2], addrp[2];
+  REQUIRE(pipe(errp) == 0 && pipe(addrp) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(errp[0]);
+    close(addrp[0]);
+    dup2(errp[1], 2);
+    close(errp[1]);
+    alarm(10); /* a corrupted free list may loop: count it as a failure */
+    fn(addrp[1]);
+    fprintf(stderr, "(misuse was not detected: the child went on)\n");
+    _exit(0);
+  }
+  close(errp[1]);
+  close(addrp[1]);
+  char err[8192], addr[64];
+  read_all(errp[0], err, sizeof err);
+  read_all(addrp[0], addr, sizeof addr);
+  close(errp[0]);
+  close(addrp[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  char want[128];
+  snprintf(want, sizeof want, "%s%s", prefix, addr);
+  /* the exact line: at the start of stderr or after a newline, then a newline */
+  int found = 0;
+  for (const char *s = err; (s = strstr(s, want)) != NULL; s++)
+    if ((s == err || s[-1] == '\n') && (s[strlen(want)] == '\n' || s[strlen(want)] == 0)) found = 1;
+  CHECK_MSG(addr[0] != 0, "the child did not report an address");
+  CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+            "child %s (status 0x%x), want SIGABRT", WIFSIGNALED(status) ? "killed by a signal" : "exited",
+            status);
+  if (WIFSIGNALED(status) && WTERMSIG(status) != SIGABRT)
+    fprintf(stderr, "    (signal %d)\n", WTERMSIG(status));
+  CHECK_MSG(found, "stderr lacks the line \"%s\"; stderr was: \"%.300s\"", want, err);
+}
+
+#define INVALID "hakmem: invalid free of "
+#define DOUBLE "hakmem: double free of "
+
+/* ---- invalid frees ---- */
+
+static void do_free_stack(int fd) {
+  char local[64];
+  memset(local, 1, sizeof local);
+  __asm__ volatile("" ::"r"(local) : "memory");
+  void *p = &local[16];
+  announce(fd, p);
+  free(p);
+}
+TEST(free_of_stack_address_aborts) { expect_abort(do_free_stack, INVALID); }
+
+static void do_free_interior16(int fd) {
+  char *p = malloc(64);
+  REQUIRE(p);
+  memset(p, 1, 64);
+  announce(fd, p + 16);
+  free(p + 16);
+}
+TEST(free_of_interior_pointer_p16_of_64B_block_aborts) { expect_abort(do_free_interior16, INVALID); }
+
+static void do_free_interior8(int fd) {
+  char *p = malloc(64);
+  REQUIRE(p);
+  announce(fd, p + 8);
+  free(p + 8);
+}
+TEST(free_of_interior_pointer_p8_of_64B_block_aborts) { expect_abort(do_free_interior8, INVALID); }
+
+static void do_free_misaligned(int fd) {
+  char *p = malloc(64);
+  REQUIRE(p);
+  announce(fd, p + 1);
+  free(p + 1);
+}
+TEST(free_of_misaligned_pointer_p1_aborts) { expect_abort(do_free_misaligned, INVALID); }
+
+static void do_free_interior_large(int fd) {
+  char *p = malloc(1 << 20);
+  REQUIRE(p);
+  announce(fd, p + 4096);
+  free(p + 4096);
+}
+TEST(free_of_interior_pointer_of_1MiB_block_aborts) { expect_abort(do_free_interior_large, INVALID); }
+
+static void do_free_mmap(int fd) {
+  void *m = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(m != MAP_FAILED);
+  announce(fd, m);
+  free(m);
+}
+TEST(free_of_mmap_pointer_aborts) { expect_abort(do_free_mmap, INVALID); }
+
+static void do_free_global(int fd) {
+  void *p = &global_buf[64];
+  announce(fd, p);
+  free(p);
+}
+TEST(free_of_global_aborts) { expect_abort(do_free_global, INVALID); }
+
+static void do_realloc_stack(int fd) {
+  char local[64];
+  memset(local, 1, sizeof local);
+  __asm__ volatile("" ::"r"(local) : "memory");
+  void *p = &local[0];
+  announce(fd, p);
+  void *q = realloc(p, 100);
+  fprintf(stderr, "realloc returned %p\n", q);
+}
+TEST(realloc_of_stack_address_aborts) { expect_abort(do_realloc_stack, INVALID); }
+
+/* ---- double frees ---- */
+
+static void double_free(int fd, size_t size) {
+  char *keep = malloc(size); /* the slab stays in use after the first free */
+  char *p = malloc(size);
+  REQUIRE(p && keep);
+  memset(p, 0x5A, size < 4096 ? size : 4096);
+  announce(fd, p);
+  free(p);
+  free(p);
+}
+static void do_double_free_small(int fd) { double_free(fd, 32); }
+static void do_double_free_medium(int fd) { double_free(fd, 16384); }
+static void do_double_free_large(int fd) { double_free(fd, 1 << 20); }
+TEST(double_free_of_small_block_aborts) { expect_abort(do_double_free_small, DOUBLE); }
+TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DOUBLE); }
+TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
+
+/* The harness itself must see a clean run: sanity of expect_abort. */
+static void do_abort_plainly(int fd) {
+  static char x;
+  announce(fd, &x);
+  fprintf(stderr, INVALID "%p\n", (void *)&x);
+  abort();
+}
+TEST(harness_recognises_an_abort_with_the_message) { expect_abort(do_abort_plainly, INVALID); }
+
+TEST_MAIN("misuse")
