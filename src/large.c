@@ -16,25 +16,38 @@ static void large_unmap(hak_segment_t *seg) {
   hak_os_unmap(seg, seg->map_size);
 }
 
-/* Reuses a cached mapping of map_size..2*map_size bytes, or NULL. */
+static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map);
+
+/* Reuses cached pages (no page faults for them): the smallest cached
+ * mapping of at least map_size bytes, its excess tail given back, or else
+ * the largest one, grown. NULL when the cache is empty. */
 static hak_segment_t *cache_take(size_t map_size) {
-  hak_segment_t *best = NULL;
+  hak_segment_t *fit = NULL, *largest = NULL, **fit_pp = NULL, **largest_pp = NULL;
   pthread_mutex_lock(&hak_large_lock);
-  hak_segment_t **best_pp = NULL;
   for (hak_segment_t **pp = &cache; *pp; pp = &(*pp)->next) {
     size_t m = (*pp)->map_size;
-    if (m >= map_size && m / 2 <= map_size && (!best || m < best->map_size)) {
-      best = *pp;
-      best_pp = pp;
+    if (m >= map_size && (!fit || m < fit->map_size)) {
+      fit = *pp;
+      fit_pp = pp;
+    }
+    if (!largest || m > largest->map_size) {
+      largest = *pp;
+      largest_pp = pp;
     }
   }
-  if (best) {
-    *best_pp = best->next;
-    cache_bytes -= best->map_size;
-    HAK_STAT_SUB(large_cached, best->map_size);
+  hak_segment_t *seg = fit ? fit : largest;
+  if (seg) {
+    *(fit ? fit_pp : largest_pp) = seg->next;
+    cache_bytes -= seg->map_size;
+    HAK_STAT_SUB(large_cached, seg->map_size);
   }
   pthread_mutex_unlock(&hak_large_lock);
-  return best;
+  /* Up to twice the size is used as it is: its pages are worth more than
+   * the address space. */
+  if (seg == NULL || (seg->map_size >= map_size && seg->map_size / 2 <= map_size)) return seg;
+  hak_segment_t *r = large_resize(seg, map_size);
+  if (r == NULL) large_unmap(seg);
+  return r;
 }
 
 static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
@@ -139,7 +152,7 @@ void hak_large_free(hak_segment_t *seg) {
   HAK_CSTAT_FREE(HAK_CLASSES);
   size_t limit = (size_t)hak_opt.large_cache_mb << 20;
   if (seg->large_offset != HAK_LARGE_OFFSET || hak_opt.purge_delay_ms == 0 ||
-      seg->map_size > limit / 4) {
+      seg->map_size > limit / 2) {
     large_unmap(seg);
     return;
   }
@@ -156,47 +169,56 @@ void hak_large_free(hak_segment_t *seg) {
   hak_purge_start();
 }
 
+/* Resizes a large block's mapping to new_map bytes without copying: the
+ * tail is unmapped, or the mapping grows in place, or its pages move to a
+ * new segment-aligned range. Returns the (maybe moved) segment, or NULL
+ * with seg unchanged. */
+static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
+  size_t old_map = seg->map_size;
+  if (new_map <= old_map) {
+    hak_os_unmap((uint8_t *)seg + new_map, old_map - new_map);
+    seg->map_size = new_map;
+    return seg;
+  }
+  if (hak_os_remap(seg, old_map, new_map, NULL) != NULL) {
+    seg->map_size = new_map;
+    return seg;
+  }
+  uint8_t *raw = hak_os_map(new_map + HAK_SEG_SIZE);
+  if (raw == NULL) return NULL;
+  uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *moved = NULL;
+  if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1) {
+    hak_segmap_set(seg, false);
+    moved = hak_os_remap(seg, old_map, new_map, dst);
+    if (moved == NULL) hak_segmap_set(seg, true);
+  }
+  if (moved == NULL) {
+    hak_os_unmap(raw, new_map + HAK_SEG_SIZE);
+    return NULL;
+  }
+  /* the reserved range under dst was replaced by the moved pages */
+  hak_stats_mapped(new_map, false);
+  hak_os_unmap(raw, (size_t)(dst - raw));
+  hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
+  moved->map_size = new_map;
+  hak_segmap_set(moved, true);
+  return moved;
+}
+
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
   size_t offset = seg->large_offset;
   if (size <= seg->large_size && size >= seg->large_size / 2) return p;
-  if (offset == HAK_LARGE_OFFSET && size > HAK_BIG_MAX &&
+  /* Growing moves or extends the pages; shrinking copies into a smaller
+   * (often cached) block, so this mapping's pages are cached, not lost. */
+  if (offset == HAK_LARGE_OFFSET && size > seg->large_size &&
       size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
-    size_t new_map = page_up(offset + size);
-    if (new_map < seg->map_size) { /* shrink: give back the tail */
-      hak_os_unmap((uint8_t *)seg + new_map, seg->map_size - new_map);
-      HAK_STAT_ADD(large_bytes, new_map - offset - seg->large_size);
-      seg->map_size = new_map;
-      seg->large_size = new_map - offset;
-      return p;
-    }
-    if (hak_os_remap(seg, seg->map_size, new_map, NULL) != NULL) { /* grown in place */
-      HAK_STAT_ADD(large_bytes, new_map - offset - seg->large_size);
-      seg->map_size = new_map;
-      seg->large_size = new_map - offset;
-      return p;
-    }
-    /* Move the pages (no copy) to a fresh segment-aligned range. */
-    uint8_t *raw = hak_os_map(new_map + HAK_SEG_SIZE);
-    if (raw != NULL) {
-      uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
-      size_t old_map = seg->map_size;
-      if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1) {
-        hak_segmap_set(seg, false);
-        hak_segment_t *moved = hak_os_remap(seg, old_map, new_map, dst);
-        if (moved != NULL) {
-          /* the reserved range under dst was replaced by the moved pages */
-          hak_stats_mapped(new_map, false);
-          hak_os_unmap(raw, (size_t)(dst - raw));
-          hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
-          HAK_STAT_ADD(large_bytes, new_map - offset - moved->large_size);
-          moved->map_size = new_map;
-          moved->large_size = new_map - offset;
-          hak_segmap_set(moved, true);
-          return (uint8_t *)moved + offset;
-        }
-        hak_segmap_set(seg, true);
-      }
-      hak_os_unmap(raw, new_map + HAK_SEG_SIZE);
+    size_t old_size = seg->large_size;
+    hak_segment_t *r = large_resize(seg, page_up(offset + size));
+    if (r != NULL) {
+      r->large_size = r->map_size - offset;
+      HAK_STAT_ADD(large_bytes, r->large_size - old_size);
+      return (uint8_t *)r + offset;
     }
   }
   void *q = size <= HAK_BIG_MAX ? hak_malloc_inline(size) : hak_large_alloc(size, 0, false);
