@@ -12,11 +12,15 @@
  * and the RSS after the final free (VmRSS): a good allocator keeps the peak
  * near 1.5x total_mib and returns most memory by the end.
  * ops = mallocs + frees.  All RSS figures are KiB.
+ *
+ * With a trailing `--watch MS`, after the final free it stays idle (no
+ * allocation) for MS milliseconds and prints a second line with VmRSS every
+ * 100 ms: how soon the allocator gives the memory back on its own.
  */
 #include "bench_common.h"
 
 static const char usage[] =
-    "usage: frag [total_mib [seed]]   or   frag --scale S [seed]\n"
+    "usage: frag [total_mib [seed]] [--watch MS]   or   frag --scale S [seed] [--watch MS]\n"
     "  default total 1024 MiB (--scale 1.0); e.g. frag 16 runs in well under a second\n";
 
 static size_t size_of(uint32_t r, int big) {
@@ -97,6 +101,11 @@ BENCH_NOINLINE static long bench_work(size_t total, uint32_t s) {
 
 int main(int argc, char **argv) {
   if (bench_want_help(argc, argv, usage)) return 0;
+  long watch_ms = 0;
+  if (argc > 2 && !strcmp(argv[argc - 2], "--watch")) {
+    watch_ms = strtol(argv[argc - 1], NULL, 0);
+    argc -= 2;
+  }
   double mib = 1024;
   int ai = 1;
   if (argc > 1 && !strcmp(argv[1], "--scale")) {
@@ -125,5 +134,15 @@ int main(int argc, char **argv) {
          "phase3_rss_kib=%ld peak_rss_kib=%ld final_rss_kib=%ld ops=%ld ops/s=%.0f time_s=%.3f\n",
          mib, seed, BENCH_ALLOC_KIND, base, rss_after_phase1, rss_after_holes, rss_after_phase3,
          bench_status_kib("VmHWM"), final, ops, ops / t, t);
+  if (watch_ms > 0) {
+    printf("frag rss_after_free_kib");
+    for (long ms = 0; ms <= watch_ms; ms += 100) {
+      printf(" %ld:%ld", ms, bench_status_kib("VmRSS"));
+      fflush(stdout);
+      struct timespec ts = {0, 100 * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    printf("\n");
+  }
   return 0;
 }

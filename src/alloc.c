@@ -66,8 +66,18 @@ void *hak_alloc_zero(size_t count, size_t size) {
     return NULL;
   }
   if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
-  void *p = hak_malloc_inline(total);
-  if (HAK_LIKELY(p != NULL)) memset(p, 0, total);
+  hak_heap_t *heap = hak_tls_heap;
+  size_t cls = hak_size_class(total + HAK_CANARY);
+  bool clean = heap->clean[cls];
+  void *p = hak_heap_pop(heap, cls);
+  if (p != NULL) {
+    HAK_CSTAT_ALLOC(cls, total);
+  } else {
+    if ((p = hak_alloc_generic(heap, total)) == NULL) return NULL;
+    clean = hak_tls_heap->clean[cls];
+  }
+  /* A never-used block of fresh memory holds only its old link word. */
+  memset(p, 0, clean && total > sizeof(hak_block_t) ? sizeof(hak_block_t) : total);
   return p;
 }
 

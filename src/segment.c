@@ -61,6 +61,7 @@ static void segment_purge_body(hak_segment_t *seg) {
     if (!s->purged) {
       hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
       s->purged = 1;
+      s->zero = 1;
     }
   }
 }
@@ -119,6 +120,7 @@ bool hak_segment_purge_abandoned(bool force) {
         if (force || now - s->free_since_ms >= delay) {
           hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
           s->purged = 1;
+      s->zero = 1;
         } else {
           pending = true;
         }
@@ -137,6 +139,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
   atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
   hak_slab_set_state(slab, HAK_SLAB_FREE);
+  slab->zero = 0; /* its blocks were used */
   slab->local_free = NULL;
   slab->reserved = 0;
   slab->free_since_ms = hak_clock_ms();
@@ -144,6 +147,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   if (hak_opt.purge_delay_ms == 0) {
     hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
     slab->purged = 1;
+    slab->zero = 1;
   } else if (heap->next_purge_ms == 0) {
     heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
     hak_purge_wake();
@@ -193,6 +197,7 @@ static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
     bool all_purged = true;
     for (unsigned j = 0; j < per; j++) all_purged &= purged[i * per + j];
     s->purged = all_purged;
+    s->zero = fresh || all_purged;
   }
 }
 
@@ -286,6 +291,7 @@ void hak_segment_purge(hak_heap_t *heap, bool force) {
         if (force || now - s->free_since_ms >= delay) {
           hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
           s->purged = 1;
+      s->zero = 1;
         } else if (next == 0 || s->free_since_ms + delay < next) {
           next = s->free_since_ms + delay;
         }

@@ -101,14 +101,17 @@ static hak_block_t *slab_extend(hak_slab_t *slab) {
 #endif
 }
 
-/* All free blocks of the slab as one list for the heap, or NULL. */
-static hak_block_t *slab_take(hak_slab_t *slab) {
+/* All free blocks of the slab as one list for the heap, or NULL; *clean
+ * tells whether they are never-used blocks of zero memory. */
+static hak_block_t *slab_take(hak_slab_t *slab, uint8_t *clean) {
   if (slab->local_free == NULL) hak_slab_collect_remote(slab);
   hak_block_t *list = slab->local_free;
+  *clean = 0;
   if (list) {
     slab->local_free = NULL;
   } else if (slab->reserved < slab->capacity) {
     list = slab_extend(slab);
+    *clean = slab->zero;
   } else {
     return NULL;
   }
@@ -167,7 +170,7 @@ static bool heap_refill_locked(hak_heap_t *heap, size_t cls) {
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
     while (slab) {
-      hak_block_t *list = slab_take(slab);
+      hak_block_t *list = slab_take(slab, &heap->clean[cls]);
       if (list) {
         if (slab != q->first) {
           hak_queue_remove(q, slab);

@@ -110,6 +110,7 @@ struct __attribute__((aligned(64))) hak_slab_s {
     uint64_t free_since_ms; /* FREE: when it was released */
   };
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
+  uint8_t zero; /* its unreserved memory is zero (fresh or purged) */
 };
 
 struct hak_segment_s {
@@ -138,6 +139,9 @@ struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
   hak_slab_queue_t queue[HAK_CLASSES]; /* ACTIVE slabs; first = current */
   hak_slab_queue_t full[HAK_CLASSES];  /* FULL slabs */
+  /* free[c] is a run of never-used blocks of zero memory: calloc need not
+   * clear them (only the link word was written). */
+  uint8_t clean[HAK_CLASSES];
   hak_segment_t *segments[HAK_KIND_COUNT]; /* owned, per kind */
   /* Set by another thread that freed into one of our FULL slabs: the next
    * refill looks at the full lists before taking a new slab. */

@@ -270,6 +270,26 @@ TEST(full_slab_with_remote_frees_is_revived) {
   CHECK(reused);
 }
 
+TEST(calloc_skips_clearing_fresh_memory_only) {
+  size_t cls = hak_size_class(2500);
+  unsigned char *p = calloc(1, 2500); /* first use of this class: fresh slab */
+  REQUIRE(p != NULL);
+  CHECK(hak_tls_heap->clean[cls] == 1);
+  for (int i = 0; i < 2500; i++) REQUIRE(p[i] == 0);
+  /* dirty the slab's blocks, free them, drain the fresh run: the next
+   * list comes from local_free and must be cleared */
+  void *ps[400];
+  int n = 0;
+  while (hak_tls_heap->free[cls] != NULL && n < 400) ps[n++] = malloc(2500);
+  for (int i = 0; i < n; i++) memset(ps[i], 0xEE, 2500);
+  memset(p, 0xEE, 2500);
+  free(p);
+  for (int i = 0; i < n; i++) free(ps[i]);
+  unsigned char *q = calloc(1, 2500);
+  CHECK(hak_tls_heap->clean[cls] == 0 || hak_slab_of(hak_segment_of(q), q)->zero);
+  for (int i = 0; i < 2500; i++) REQUIRE(q[i] == 0);
+}
+
 /* ---- threads: abandonment and adoption ---- */
 
 static void *alloc_and_exit(void *arg) {
@@ -338,6 +358,28 @@ TEST(live_block_count_returns_to_zero) {
   pthread_join(t, NULL);
   for (int i = 500; i < 1000; i++) free(ps[i]);
   CHECK_MSG(hak_stats_live_blocks() == base, "live %zu, base %zu", hak_stats_live_blocks(), base);
+}
+
+static void *free_others(void *arg) {
+  void **slot = arg;
+  free(*slot); /* a block another thread allocated */
+  *slot = malloc(100 + ((uintptr_t)slot & 0xff));
+  return NULL;
+}
+
+TEST(thread_churn_with_cross_frees_leaks_nothing) {
+  start_purger();
+  void *slot = malloc(64);
+  pthread_t t;
+  pthread_create(&t, NULL, free_others, &slot); /* warm glibc's stack cache */
+  pthread_join(t, NULL);
+  size_t base = hak_stats_live_blocks();
+  for (int i = 0; i < 3000; i++) {
+    pthread_create(&t, NULL, free_others, &slot);
+    pthread_join(t, NULL);
+  }
+  CHECK_MSG(hak_stats_live_blocks() == base, "live %zu, base %zu", hak_stats_live_blocks(), base);
+  free(slot);
 }
 
 /* ---- options ---- */
