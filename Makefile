@@ -7,7 +7,7 @@ BUILD   := build
 VERSION := 0.1.0
 
 SRCS    := $(sort $(wildcard src/*.c))
-HDRS    := $(wildcard src/*.h) include/hakmem.h
+HDRS    := $(wildcard src/*.h src/*.inc) include/hakmem.h
 
 # Flags shared by every variant. Internal symbols are hidden so calls between
 # files are direct; TLS is initial-exec so the heap pointer is one %fs load.

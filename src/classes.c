@@ -12,11 +12,8 @@ const uint32_t hak_class_size[HAK_CLASSES] = {
   81920, 98304, 114688, 131072, 163840, 196608, 229376, 262144,
 };
 
-/* Class of a size <= 1 KiB, indexed by (size + 15) / 16. */
-const uint8_t hak_small_class[HAK_SMALL_MAX / 16 + 1] = {
-  0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-  15, 16, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 22, 22, 23,
-  23, 24, 24, 24, 24, 25, 25, 25, 25, 26, 26, 26, 26, 27, 27, 27,
-  27, 28, 28, 28, 28, 29, 29, 29, 29, 30, 30, 30, 30, 31, 31, 31,
-  31,
+/* Class of a size <= 32 KiB, indexed by (size + 15) / 16: the malloc fast
+ * path serves every small and mid size with one lookup. */
+const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1] = {
+#include "class_table.inc"
 };

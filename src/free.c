@@ -23,10 +23,12 @@ HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in bl
  * slab is the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   size_t off = (size_t)((const uint8_t *)p - hak_slab_start(seg, slab));
-  bool boundary = slab->block_size != 0 && off % slab->block_size == 0;
+  /* off < 2^22 (within the segment): the multiply test is exact */
+  bool boundary = (uint64_t)(uint32_t)off * slab->magic < slab->magic;
   if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE))
     report(boundary ? "double free" : "invalid free", p);
-  if (HAK_UNLIKELY(!boundary || off / slab->block_size >= slab->capacity)) report("invalid free", p);
+  if (HAK_UNLIKELY(!boundary || off >= (size_t)slab->capacity * slab->block_size))
+    report("invalid free", p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
       HAK_UNLIKELY(slab->local_free == p))
     report("double free", p);
@@ -68,7 +70,6 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
   HAK_ASSERT(slab->state == HAK_SLAB_FULL);
   hak_block_t *b = (hak_block_t *)p;
-  pthread_mutex_lock(&heap->lock);
   hak_set_next(b, slab->local_free);
   slab->local_free = b;
   slab->used--;
@@ -76,6 +77,5 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_queue_push_back(&heap->queue[slab->cls], slab);
   hak_slab_set_state(slab, HAK_SLAB_ACTIVE);
   atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
-  pthread_mutex_unlock(&heap->lock);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }

@@ -42,11 +42,11 @@ HAK_COLD __attribute__((noreturn)) void hak_fatal(const char *fmt, ...);
 
 /* ---- size classes (classes.c) ---- */
 extern const uint32_t hak_class_size[HAK_CLASSES];
-extern const uint8_t hak_small_class[HAK_SMALL_MAX / 16 + 1];
+extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 
 /* Class of a size <= HAK_BIG_MAX. */
 HAK_INLINE size_t hak_size_class(size_t size) {
-  if (size <= HAK_SMALL_MAX) return hak_small_class[(size + 15) >> 4];
+  if (size <= HAK_FAST_MAX) return hak_fast_class[(size + 15) >> 4];
   size_t s = size - 1;
   unsigned e = 63 - (unsigned)__builtin_clzl(s);
   return HAK_SMALL_CLASSES + (e - 10) * 4 + ((s >> (e - 2)) & 3);
@@ -299,8 +299,8 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
 
 HAK_INLINE void *hak_malloc_inline(size_t size) {
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(size <= HAK_SMALL_MAX - HAK_CANARY)) {
-    size_t cls = hak_small_class[(size + HAK_CANARY + 15) >> 4];
+  if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
+    size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
       HAK_CSTAT_ALLOC(cls, size);

@@ -149,7 +149,8 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     slab->purged = 1;
     slab->zero = 1;
   } else if (heap->next_purge_ms == 0) {
-    heap->next_purge_ms = slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms;
+    __atomic_store_n(&heap->next_purge_ms, slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms,
+                     __ATOMIC_RELAXED);
     hak_purge_wake();
   }
 }
@@ -298,7 +299,7 @@ void hak_segment_purge(hak_heap_t *heap, bool force) {
       }
     }
   }
-  heap->next_purge_ms = next;
+  __atomic_store_n(&heap->next_purge_ms, next, __ATOMIC_RELAXED);
   hak_segment_cache_collect(force);
 }
 

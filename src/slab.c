@@ -161,11 +161,17 @@ static void heap_revive_full(hak_heap_t *heap) {
   }
 }
 
-static bool heap_refill_locked(hak_heap_t *heap, size_t cls) {
+/* The queues are the owner's alone: only taking a slab from the segments
+ * (state the purger and fork also see) needs the heap lock. */
+static bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
-  if (HAK_UNLIKELY(heap->next_purge_ms != 0) && hak_clock_ms() >= heap->next_purge_ms)
+  uint64_t purge_at = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED);
+  if (HAK_UNLIKELY(purge_at != 0) && hak_clock_ms() >= purge_at) {
+    pthread_mutex_lock(&heap->lock);
     hak_segment_purge(heap, false);
+    pthread_mutex_unlock(&heap->lock);
+  }
   hak_slab_queue_t *q = &heap->queue[cls];
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
@@ -189,7 +195,9 @@ static bool heap_refill_locked(hak_heap_t *heap, size_t cls) {
       if (q->first) continue;
     }
     bool adopted;
+    pthread_mutex_lock(&heap->lock);
     slab = hak_segment_alloc_slab(heap, hak_class_kind(cls), &adopted);
+    pthread_mutex_unlock(&heap->lock);
     if (slab == NULL) {
       if (adopted) continue;
       return false;
@@ -202,9 +210,7 @@ static bool heap_refill_locked(hak_heap_t *heap, size_t cls) {
 
 bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_SLOW_BEGIN();
-  pthread_mutex_lock(&heap->lock);
-  bool b = heap_refill_locked(heap, cls);
-  pthread_mutex_unlock(&heap->lock);
+  bool b = heap_refill(heap, cls);
   HAK_SLOW_END();
   hak_purge_start();
   return b;
