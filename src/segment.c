@@ -108,27 +108,31 @@ bool hak_segment_cache_collect(bool force) {
   return pending;
 }
 
-bool hak_segment_purge_abandoned(bool force) {
-  uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
-  bool pending = false;
-  pthread_mutex_lock(&hak_segment_lock);
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next) {
-      for (unsigned i = 0; i < seg->slab_count; i++) {
-        hak_slab_t *s = &seg->slabs[i];
-        if (s->state != HAK_SLAB_FREE || s->purged) continue;
-        if (force || now - s->free_since_ms >= delay) {
-          hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
-          s->purged = 1;
+/* Purges the segment's FREE slabs whose delay has passed (all if force);
+ * lowers *next to the earliest deadline still pending (0: none). */
+static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next) {
+  uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
+  for (unsigned i = 0; i < seg->slab_count; i++) {
+    hak_slab_t *s = &seg->slabs[i];
+    if (s->state != HAK_SLAB_FREE || s->purged) continue;
+    if (force || now - s->free_since_ms >= delay) {
+      hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
+      s->purged = 1;
       s->zero = 1;
-        } else {
-          pending = true;
-        }
-      }
+    } else if (*next == 0 || s->free_since_ms + delay < *next) {
+      *next = s->free_since_ms + delay;
     }
   }
+}
+
+bool hak_segment_purge_abandoned(bool force) {
+  uint64_t now = hak_clock_ms(), next = 0;
+  pthread_mutex_lock(&hak_segment_lock);
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
+    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next)
+      purge_free_slabs(seg, now, force, &next);
   pthread_mutex_unlock(&hak_segment_lock);
-  return pending;
+  return next != 0;
 }
 
 /* ---- releasing slabs ---- */
@@ -283,22 +287,9 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopte
 
 void hak_segment_purge(hak_heap_t *heap, bool force) {
   uint64_t now = hak_clock_ms(), next = 0;
-  uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    for (hak_segment_t *seg = heap->segments[k]; seg; seg = seg->next) {
-      for (unsigned i = 0; i < seg->slab_count; i++) {
-        hak_slab_t *s = &seg->slabs[i];
-        if (s->state != HAK_SLAB_FREE || s->purged) continue;
-        if (force || now - s->free_since_ms >= delay) {
-          hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
-          s->purged = 1;
-      s->zero = 1;
-        } else if (next == 0 || s->free_since_ms + delay < next) {
-          next = s->free_since_ms + delay;
-        }
-      }
-    }
-  }
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
+    for (hak_segment_t *seg = heap->segments[k]; seg; seg = seg->next)
+      purge_free_slabs(seg, now, force, &next);
   __atomic_store_n(&heap->next_purge_ms, next, __ATOMIC_RELAXED);
   hak_segment_cache_collect(force);
 }

@@ -66,6 +66,18 @@ static inline void th_register(const char *name, th_fn_t fn, unsigned timeout_s)
     }                                                                        \
   } while (0)
 
+/* The process's resident set (VmRSS) in KiB, or -1. */
+static inline long th_vm_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long v = -1;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
+  fclose(f);
+  return v;
+}
+
 static double th_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

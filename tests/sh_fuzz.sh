@@ -6,14 +6,7 @@
 #   build/fuzz/fuzz_alloc build/fuzz/crash-<hash>
 set -u
 SUITE=fuzz
-pass=0
-fail=0
-ok() { echo "  ok    $SUITE.$1${2:+ ($2)}"; pass=$((pass + 1)); }
-bad() { echo "  FAIL  $SUITE.$1: $2"; fail=$((fail + 1)); }
-finish() {
-  echo "RESULT $SUITE $pass $fail"
-  exit 0
-}
+. "$(dirname "$0")/lib.sh"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || { bad setup "cannot cd to $ROOT"; finish; }

@@ -5,15 +5,7 @@
 # python3 perl coreutils gcc g++ sqlite3).
 set -u
 SUITE=real_programs
-pass=0
-fail=0
-ok() { echo "  ok    $SUITE.$1${2:+ ($2)}"; pass=$((pass + 1)); }
-bad() { echo "  FAIL  $SUITE.$1: $2"; fail=$((fail + 1)); }
-finish() {
-  echo "RESULT $SUITE $pass $fail"
-  [ "$fail" -eq 0 ]
-  exit
-}
+. "$(dirname "$0")/lib.sh"
 
 LIBHAKMEM=${LIBHAKMEM:-${BUILD:-build}/libhakmem.so}
 if [ ! -f "$LIBHAKMEM" ]; then

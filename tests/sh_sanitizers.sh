@@ -10,14 +10,7 @@
 # Env: SAN_TSAN_SECONDS (3), SAN_SKIP_UBSAN=1 / SAN_SKIP_TSAN=1 to skip a part.
 set -u
 SUITE=sanitizers
-pass=0
-fail=0
-ok() { echo "  ok    $SUITE.$1${2:+ ($2)}"; pass=$((pass + 1)); }
-bad() { echo "  FAIL  $SUITE.$1: $2"; fail=$((fail + 1)); }
-finish() {
-  echo "RESULT $SUITE $pass $fail"
-  exit 0
-}
+. "$(dirname "$0")/lib.sh"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || { bad setup "cannot cd to $ROOT"; finish; }

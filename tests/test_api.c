@@ -619,21 +619,10 @@ TEST(usable_size_of_calloc_realloc_aligned) {
   free(p);
 }
 
-static long vm_rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
-  fclose(f);
-  return v;
-}
-
 TEST(freed_large_blocks_are_returned_or_reused) {
   /* 2 GiB of traffic through 64 MiB fully-touched blocks, one live at a time:
    * resident memory must stay near one block, not grow with the traffic. */
-  long before = vm_rss_kib();
+  long before = th_vm_rss_kib();
   long worst = 0;
   for (int i = 0; i < 32; i++) {
     char *p = malloc(64u << 20);
@@ -641,7 +630,7 @@ TEST(freed_large_blocks_are_returned_or_reused) {
     for (size_t o = 0; o < (64u << 20); o += 4096) p[o] = (char)(i + 1);
     escape(p);
     free(p);
-    long now = vm_rss_kib() - before;
+    long now = th_vm_rss_kib() - before;
     if (now > worst) worst = now;
   }
   printf("    VmRSS growth peak %ld KiB over 2 GiB of 64 MiB blocks\n", worst);
@@ -652,7 +641,7 @@ TEST(freed_large_blocks_are_returned_or_reused) {
     escape(p);
     free(p);
   }
-  long end = vm_rss_kib() - before;
+  long end = th_vm_rss_kib() - before;
   CHECK_MSG(end < 256 * 1024, "VmRSS grew by %ld KiB", end);
 }
 

@@ -49,17 +49,6 @@ static size_t next_size(size_t s) {
   if (s < 64 * 1024) return s + s / 16 + 1;
   return s + s / 8 + 3;
 }
-static long vm_rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
-  fclose(f);
-  return v;
-}
-
 /* ---------- hak_malloc / hak_free / hak_usable_size ---------- */
 
 TEST(hak_malloc_aligned_usable_and_writable_0_to_2MiB) {
@@ -357,7 +346,7 @@ TEST(hak_stats_fields_sane_with_64MiB_live) {
   }
   memset(&live, 0xff, sizeof live);
   hak_stats_get(&live);
-  long rss_kib = vm_rss_kib();
+  long rss_kib = th_vm_rss_kib();
   printf("    mapped %zu MiB, peak %zu MiB, committed %zu MiB, os_mapped_total %zu MiB, "
          "rss %zu MiB (VmRSS %ld MiB), rss_peak %zu MiB, segments %zu, large_live %zu\n",
          live.mapped >> 20, live.mapped_peak >> 20, live.committed >> 20,
@@ -390,7 +379,7 @@ TEST(hak_stats_fields_sane_with_64MiB_live) {
 
 TEST(hak_collect_force_returns_freed_memory) {
   hak_stats_t live, after;
-  long rss0 = vm_rss_kib();
+  long rss0 = th_vm_rss_kib();
   char *big = hak_malloc(64u << 20);
   REQUIRE(big);
   memset(big, 1, 64u << 20);
@@ -402,12 +391,12 @@ TEST(hak_collect_force_returns_freed_memory) {
     memset(small[i], 2, 2048);
   }
   hak_stats_get(&live);
-  long rss_live = vm_rss_kib();
+  long rss_live = th_vm_rss_kib();
   for (int i = 0; i < N; i++) hak_free(small[i]);
   hak_free(big);
   hak_collect(true);
   hak_stats_get(&after);
-  long rss_after = vm_rss_kib();
+  long rss_after = th_vm_rss_kib();
   printf("    VmRSS: start %ld, live %ld, after collect %ld KiB; mapped %zu -> %zu MiB, "
          "committed %zu -> %zu MiB, os_returned %zu -> %zu MiB\n",
          rss0, rss_live, rss_after, live.mapped >> 20, after.mapped >> 20, live.committed >> 20,

@@ -7,16 +7,6 @@
 #include <malloc.h>
 #include <stdint.h>
 
-static long vm_rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long kib = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &kib) == 1) break;
-  if (f) fclose(f);
-  return kib;
-}
-
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -125,13 +115,13 @@ static void drain(void **ps, size_t count) {
 }
 
 TEST(malloc_trim_returns_freed_memory_now) {
-  long start = vm_rss_kib();
+  long start = th_vm_rss_kib();
   void **a = fill(400000, 300), **b = fill(8000, 20000);
-  long full = vm_rss_kib();
+  long full = th_vm_rss_kib();
   drain(a, 400000);
   drain(b, 8000);
   CHECK(malloc_trim(0) == 1);
-  long after = vm_rss_kib();
+  long after = th_vm_rss_kib();
   printf("    VmRSS: start %ld KiB, full %ld KiB, after free+trim %ld KiB\n", start, full, after);
   CHECK(full - start > 200 * 1024);
   CHECK_MSG(after - start < (full - start) / 20, "only %ld of %ld KiB returned",
@@ -139,12 +129,12 @@ TEST(malloc_trim_returns_freed_memory_now) {
 }
 
 TEST(hak_collect_force_returns_freed_memory_now) {
-  long start = vm_rss_kib();
+  long start = th_vm_rss_kib();
   void **a = fill(100000, 1000);
-  long full = vm_rss_kib();
+  long full = th_vm_rss_kib();
   drain(a, 100000);
   hak_collect(true);
-  long after = vm_rss_kib();
+  long after = th_vm_rss_kib();
   CHECK_MSG(after - start < (full - start) / 20, "start %ld full %ld after %ld", start, full,
             after);
 }
@@ -153,14 +143,14 @@ TEST(hak_collect_force_returns_freed_memory_now) {
  * Options are read at start-up, so this runs in a fresh process
  * (this binary with --purge-child) with the delay set. */
 static int purge_child(void) {
-  long start = vm_rss_kib();
+  long start = th_vm_rss_kib();
   void **a = fill(200000, 600), **b = fill(4000, 30000);
-  long full = vm_rss_kib();
+  long full = th_vm_rss_kib();
   drain(a, 200000);
   drain(b, 4000);
-  long just_freed = vm_rss_kib();
+  long just_freed = th_vm_rss_kib();
   sleep_ms(1200); /* no allocation from here on */
-  long later = vm_rss_kib();
+  long later = th_vm_rss_kib();
   printf("    VmRSS: start %ld, full %ld, just freed %ld, 1.2 s later %ld KiB (delay 200 ms)\n",
          start, full, just_freed, later);
   if (full - start < 150 * 1024) return 2;

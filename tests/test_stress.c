@@ -14,17 +14,6 @@
 
 #define MAX_BLOCK (1u << 20)
 
-static long vm_rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
-  fclose(f);
-  return v;
-}
-
 static uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
@@ -205,13 +194,13 @@ static void *slot_worker(void *arg) {
 TEST_T(eight_threads_exchange_verified_blocks_for_4s, 60) {
   enum { T = 8 };
   pthread_t th[T];
-  long rss0 = vm_rss_kib();
+  long rss0 = th_vm_rss_kib();
   for (long t = 0; t < T; t++) REQUIRE(pthread_create(&th[t], NULL, slot_worker, (void *)t) == 0);
   double t0 = th_now();
   long peak = 0;
   while (th_now() - t0 < 4.0) {
     usleep(100 * 1000);
-    long r = vm_rss_kib() - rss0;
+    long r = th_vm_rss_kib() - rss0;
     if (r > peak) peak = r;
   }
   atomic_store(&g_stop, 1);
@@ -270,7 +259,7 @@ static void *consumer(void *arg) {
 }
 
 TEST_T(producer_consumer_all_frees_remote, 60) {
-  long rss0 = vm_rss_kib();
+  long rss0 = th_vm_rss_kib();
   long freed = 0;
   pthread_t pt, ct;
   atomic_store(&g_stop, 0);
@@ -279,7 +268,7 @@ TEST_T(producer_consumer_all_frees_remote, 60) {
   pthread_join(pt, NULL);
   atomic_store(&g_stop, 1);
   pthread_join(ct, NULL);
-  long growth = vm_rss_kib() - rss0;
+  long growth = th_vm_rss_kib() - rss0;
   printf("    %ld blocks passed producer -> consumer; VmRSS growth %ld MiB\n", freed,
          growth >> 10);
   CHECK_MSG(atomic_load(&g_errors) == 0, "%ld corrupted/failed blocks", atomic_load(&g_errors));
@@ -312,7 +301,7 @@ TEST_T(all_threads_free_blocks_of_one_thread, 60) {
   pthread_barrier_init(&g_bar, NULL, 9);
   for (long t = 0; t < 8; t++)
     REQUIRE(pthread_create(&th[t], NULL, freeing_worker, (void *)(intptr_t)t) == 0);
-  long rss0 = vm_rss_kib(), rss_after_first = 0;
+  long rss0 = th_vm_rss_kib(), rss_after_first = 0;
   for (int round = 0; round < 5; round++) {
     for (long i = 0; i < OWN_N; i++) {
       size_t size = (i % 100 == 0) ? rand_size(&rs) : 8 + rnd(&rs) % 2041;
@@ -322,10 +311,10 @@ TEST_T(all_threads_free_blocks_of_one_thread, 60) {
     }
     pthread_barrier_wait(&g_bar);
     pthread_barrier_wait(&g_bar);
-    if (round == 0) rss_after_first = vm_rss_kib();
+    if (round == 0) rss_after_first = th_vm_rss_kib();
   }
   for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
-  long rss_end = vm_rss_kib();
+  long rss_end = th_vm_rss_kib();
   printf("    VmRSS: start %ld MiB, after round 1 %ld MiB, after round 5 %ld MiB\n",
          rss0 >> 10, rss_after_first >> 10, rss_end >> 10);
   CHECK_MSG(atomic_load(&g_errors) == 0, "%ld corrupted/failed blocks", atomic_load(&g_errors));

@@ -12,17 +12,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static long vm_rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
-  fclose(f);
-  return v;
-}
-
 /* A block remembers its size in word 0 and carries bytes derived from its
  * address, so a block handed out twice or overwritten is detected. */
 static unsigned char byte_for(const void *p, size_t i) {
@@ -91,7 +80,7 @@ static void *churn_thread(void *arg) {
 
 TEST_T(twenty_thousand_short_threads_rss_bounded, 120) {
   enum { TOTAL = 20000, BATCH = 8 };
-  long rss_start = vm_rss_kib(), rss_warm = 0, rss_peak = 0;
+  long rss_start = th_vm_rss_kib(), rss_warm = 0, rss_peak = 0;
   for (int done = 0; done < TOTAL; done += BATCH) {
     pthread_t th[BATCH];
     for (int i = 0; i < BATCH; i++) {
@@ -99,9 +88,9 @@ TEST_T(twenty_thousand_short_threads_rss_bounded, 120) {
       REQUIRE(rc == 0);
     }
     for (int i = 0; i < BATCH; i++) pthread_join(th[i], NULL);
-    if (done == 800) rss_warm = vm_rss_kib();
+    if (done == 800) rss_warm = th_vm_rss_kib();
     if (done % 1000 == 0) {
-      long r = vm_rss_kib();
+      long r = th_vm_rss_kib();
       if (r > rss_peak) rss_peak = r;
     }
   }
@@ -111,7 +100,7 @@ TEST_T(twenty_thousand_short_threads_rss_bounded, 120) {
       if (last[i]) check_free(last[i]);
     free(last);
   }
-  long rss_end = vm_rss_kib();
+  long rss_end = th_vm_rss_kib();
   if (rss_end > rss_peak) rss_peak = rss_end;
   printf("    VmRSS: start %ld KiB, after 800 threads %ld KiB, end %ld KiB, peak %ld KiB "
          "(growth %ld KiB)\n",
@@ -147,7 +136,7 @@ static void *leaving_thread(void *arg) {
 
 TEST_T(threads_exit_without_freeing_main_frees_later, 60) {
   enum { T = 16, ROUNDS = 12 };
-  long rss0 = vm_rss_kib(), rss_round1 = 0;
+  long rss0 = th_vm_rss_kib(), rss_round1 = 0;
   for (int round = 0; round < ROUNDS; round++) {
     pthread_t th[T];
     void **res[T];
@@ -169,9 +158,9 @@ TEST_T(threads_exit_without_freeing_main_frees_later, 60) {
     }
     for (int i = 0; i < 500; i++)
       if (mine[i]) check_free(mine[i]);
-    if (round == 0) rss_round1 = vm_rss_kib();
+    if (round == 0) rss_round1 = th_vm_rss_kib();
   }
-  long rss_end = vm_rss_kib();
+  long rss_end = th_vm_rss_kib();
   printf("    VmRSS: start %ld KiB, after round 1 %ld KiB, after %d rounds %ld KiB\n", rss0,
          rss_round1, ROUNDS, rss_end);
   CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks", atomic_load(&g_bad));
