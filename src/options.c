@@ -1,6 +1,7 @@
 /* Options: read once from the environment into hak_opt. */
 #include "internal.h"
 
+#include <stdarg.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -32,9 +33,12 @@ static bool parse_long(const char *s, long *out) {
   return true;
 }
 
-static void warn(const char *fmt, const char *a, const char *b, long lo, long hi) {
+__attribute__((format(printf, 1, 2))) static void warn(const char *fmt, ...) {
   char buf[256];
-  int n = snprintf(buf, sizeof buf, fmt, a, b, lo, hi);
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
   if (n > 0) (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
@@ -65,8 +69,8 @@ void hak_options_load(void) {
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "HAKMEM_PROFILE=", 15) != 0) continue;
     if (!apply_profile(*e + 15))
-      warn("hakmem: unknown HAKMEM_PROFILE=%s%s (expected balanced, throughput or lowmem)\n",
-           *e + 15, "", 0, 0);
+      warn("hakmem: unknown HAKMEM_PROFILE=%s (expected balanced, throughput or lowmem)\n",
+           *e + 15);
   }
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "HAKMEM_", 7) != 0 || strncmp(*e, "HAKMEM_PROFILE=", 15) == 0) continue;
@@ -87,7 +91,7 @@ void hak_options_load(void) {
     if (slot == NULL) {
       char var[64];
       snprintf(var, sizeof var, "%.*s", (int)(len < 40 ? len : 40), name);
-      warn("hakmem: unknown option HAKMEM_%s%s ignored\n", var, "", 0, 0);
+      warn("hakmem: unknown option HAKMEM_%s ignored\n", var);
       continue;
     }
     long v;
