@@ -19,32 +19,32 @@ static void large_unmap(hak_segment_t *seg) {
 static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map);
 
 /* Reuses cached pages (no page faults for them): the smallest cached
- * mapping of at least map_size bytes, its excess tail given back, or else
- * the largest one, grown. NULL when the cache is empty. */
+ * mapping that fits, used as it is up to twice the size; or else the
+ * largest smaller one, grown in place or moved. A mapping more than twice
+ * the size stays cached for a big request: trimming it would throw away
+ * pages. NULL when nothing suits. */
 static hak_segment_t *cache_take(size_t map_size) {
-  hak_segment_t *fit = NULL, *largest = NULL, **fit_pp = NULL, **largest_pp = NULL;
+  hak_segment_t *fit = NULL, *smaller = NULL, **fit_pp = NULL, **smaller_pp = NULL;
   pthread_mutex_lock(&hak_large_lock);
   for (hak_segment_t **pp = &cache; *pp; pp = &(*pp)->next) {
     size_t m = (*pp)->map_size;
-    if (m >= map_size && (!fit || m < fit->map_size)) {
+    if (m >= map_size && m / 2 <= map_size && (!fit || m < fit->map_size)) {
       fit = *pp;
       fit_pp = pp;
     }
-    if (!largest || m > largest->map_size) {
-      largest = *pp;
-      largest_pp = pp;
+    if (m < map_size && (!smaller || m > smaller->map_size)) {
+      smaller = *pp;
+      smaller_pp = pp;
     }
   }
-  hak_segment_t *seg = fit ? fit : largest;
+  hak_segment_t *seg = fit ? fit : smaller;
   if (seg) {
-    *(fit ? fit_pp : largest_pp) = seg->next;
+    *(fit ? fit_pp : smaller_pp) = seg->next;
     cache_bytes -= seg->map_size;
     HAK_STAT_SUB(large_cached, seg->map_size);
   }
   pthread_mutex_unlock(&hak_large_lock);
-  /* Up to twice the size is used as it is: its pages are worth more than
-   * the address space. */
-  if (seg == NULL || (seg->map_size >= map_size && seg->map_size / 2 <= map_size)) return seg;
+  if (seg == NULL || seg == fit) return seg;
   hak_segment_t *r = large_resize(seg, map_size);
   if (r == NULL) large_unmap(seg);
   return r;
