@@ -63,8 +63,20 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_block_check_free(p, slab->block_size);
   HAK_CSTAT_FREE(slab->cls);
   hak_heap_t *heap = hak_tls_heap;
-  if (atomic_load_explicit(&seg->heap, memory_order_relaxed) != heap) {
+  hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (owner != heap) {
+    /* The segment of an exited thread: take it over, so this free and the
+     * next ones are local and its emptied slabs go back at once. A thread
+     * without a heap leaves it to the purger. */
+    if (owner == NULL && heap != &hak_heap_empty && hak_segment_reclaim_one(heap, seg)) {
+      hak_free_inline(p);
+      return;
+    }
     free_remote(seg, slab, (hak_block_t *)p);
+    if (owner == NULL) {
+      hak_purge_wake();
+      hak_purge_start();
+    }
     return;
   }
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */

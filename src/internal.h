@@ -129,6 +129,9 @@ bool hak_segment_cache_collect(bool force); /* true while some remain */
 bool hak_segment_purge_abandoned(bool force);
 /* Adopt every abandoned segment into heap and free the empty ones. */
 void hak_segment_reclaim_abandoned(hak_heap_t *heap);
+/* A thread freeing into an abandoned segment takes it over (false if
+ * another thread did first, or it was empty and went to the cache). */
+bool hak_segment_reclaim_one(hak_heap_t *heap, hak_segment_t *seg);
 extern pthread_mutex_t hak_segment_lock;
 
 /* ---- slab.c ---- */

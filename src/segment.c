@@ -9,7 +9,27 @@
 _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Segments of exited threads, per kind, doubly linked through next/prev so
+ * that a thread freeing into one can take it out (reclaim on free). All
+ * under hak_segment_lock. */
 static hak_segment_t *abandoned[HAK_KIND_COUNT];
+
+static void abandoned_push(hak_segment_t *seg) {
+  hak_segment_t **head = &abandoned[seg->kind];
+  seg->prev = NULL;
+  seg->next = *head;
+  if (*head) (*head)->prev = seg;
+  *head = seg;
+  seg->abandoned = 1;
+}
+
+static void abandoned_remove(hak_segment_t *seg) {
+  if (seg->prev) seg->prev->next = seg->next;
+  else abandoned[seg->kind] = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+  seg->abandoned = 0;
+}
 static hak_segment_t *cache;
 static size_t cache_count;
 
@@ -108,6 +128,8 @@ bool hak_segment_cache_collect(bool force) {
   return pending;
 }
 
+static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab);
+
 /* Purges the segment's FREE slabs whose delay has passed (all if force);
  * lowers *next to the earliest deadline still pending (0: none). */
 static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next) {
@@ -125,19 +147,48 @@ static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint6
   }
 }
 
+/* Abandoned segments whose blocks other threads have freed since: their
+ * remote lists are collected (no thread owns them, and adopters take them
+ * off the list under the same lock), emptied slabs freed, and segments with
+ * no slab in use released. Unreleased free slabs are purged on time. */
 bool hak_segment_purge_abandoned(bool force) {
   uint64_t now = hak_clock_ms(), next = 0;
+  hak_segment_t *release = NULL;
   pthread_mutex_lock(&hak_segment_lock);
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
-    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next)
-      purge_free_slabs(seg, now, force, &next);
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    hak_segment_t *seg = abandoned[k];
+    while (seg) {
+      hak_segment_t *after = seg->next;
+      for (unsigned i = 0; i < seg->slab_count; i++) {
+        hak_slab_t *s = &seg->slabs[i];
+        if (hak_slab_state(s) != HAK_SLAB_ORPHAN) continue;
+        hak_slab_collect_remote(s);
+        if (s->used == 0) slab_mark_free(NULL, s);
+      }
+      if (seg->used_slabs == 0) {
+        abandoned_remove(seg);
+        seg->next = release;
+        release = seg;
+      } else {
+        purge_free_slabs(seg, now, force, &next);
+      }
+      seg = after;
+    }
+  }
   pthread_mutex_unlock(&hak_segment_lock);
+  while (release) {
+    hak_segment_t *seg = release;
+    release = seg->next;
+    cache_put(seg);
+  }
   return next != 0;
 }
 
 /* ---- releasing slabs ---- */
 
 /* Marks a slab FREE and schedules its purge; the segment stays. */
+/* heap is NULL for a slab of an abandoned segment: the purger, which frees
+ * those, also purges them. */
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
@@ -152,7 +203,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
     slab->purged = 1;
     slab->zero = 1;
-  } else if (heap->next_purge_ms == 0) {
+  } else if (heap != NULL && heap->next_purge_ms == 0) {
     __atomic_store_n(&heap->next_purge_ms, slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms,
                      __ATOMIC_RELAXED);
     hak_purge_wake();
@@ -254,7 +305,7 @@ static bool segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
 static hak_segment_t *pop_abandoned(unsigned kind) {
   pthread_mutex_lock(&hak_segment_lock);
   hak_segment_t *seg = abandoned[kind];
-  if (seg) abandoned[kind] = seg->next;
+  if (seg) abandoned_remove(seg);
   pthread_mutex_unlock(&hak_segment_lock);
   return seg;
 }
@@ -312,9 +363,9 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
         continue;
       }
       pthread_mutex_lock(&hak_segment_lock);
-      seg->next = abandoned[k];
-      abandoned[k] = seg;
+      abandoned_push(seg);
       pthread_mutex_unlock(&hak_segment_lock);
+      hak_purge_wake();
     }
   }
 }
@@ -349,6 +400,18 @@ void hak_segment_usage_abandoned(hak_usage_t *u) {
       if (!seg->slabs[i].purged) u->cached_bytes += hak_slab_bytes(seg, &seg->slabs[i]);
   }
   pthread_mutex_unlock(&hak_segment_lock);
+}
+
+bool hak_segment_reclaim_one(hak_heap_t *heap, hak_segment_t *seg) {
+  pthread_mutex_lock(&hak_segment_lock);
+  bool mine = seg->abandoned; /* another thread may have taken it first */
+  if (mine) abandoned_remove(seg);
+  pthread_mutex_unlock(&hak_segment_lock);
+  if (!mine) return false;
+  pthread_mutex_lock(&heap->lock);
+  bool kept = segment_adopt(heap, seg);
+  pthread_mutex_unlock(&heap->lock);
+  return kept;
 }
 
 void hak_segment_reclaim_abandoned(hak_heap_t *heap) {

@@ -119,6 +119,7 @@ struct hak_segment_s {
   uint8_t kind;
   uint8_t slab_count;
   uint8_t fresh;        /* large: never handed out before (memory is zero) */
+  uint8_t abandoned;    /* on an abandoned list (guarded by the segment lock) */
   uint32_t used_slabs;  /* slabs not FREE */
   _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned or cached */
   hak_segment_t *next, *prev; /* heap's segment list, or a global list */

@@ -310,13 +310,51 @@ TEST(exited_thread_segments_are_adopted) {
   hak_segment_t *seg = hak_segment_of(ps[0]);
   CHECK(atomic_load(&seg->heap) == NULL); /* abandoned */
   CHECK(slab_of_ptr(ps[0])->state == HAK_SLAB_ORPHAN);
-  for (int i = 0; i < 50; i++) free(ps[i]); /* remote frees into the orphan */
   void *q;
   pthread_create(&t, NULL, alloc_one, &q);
   pthread_join(t, NULL);
-  CHECK(hak_segment_of(q) == seg); /* the new thread adopted it */
-  for (int i = 50; i < 100; i++) free(ps[i]);
+  CHECK(hak_segment_of(q) == seg); /* the next thread adopted it */
+  for (int i = 0; i < 100; i++) free(ps[i]);
   free(q);
+}
+
+TEST(free_into_exited_threads_segment_takes_it_over) {
+  void *ps[100];
+  pthread_t t;
+  pthread_create(&t, NULL, alloc_and_exit, ps);
+  pthread_join(t, NULL);
+  hak_segment_t *seg = hak_segment_of(ps[0]);
+  REQUIRE(atomic_load(&seg->heap) == NULL);
+  free(ps[0]); /* reclaim on free: this thread now owns the segment */
+  CHECK(atomic_load(&seg->heap) == hak_tls_heap);
+  hak_slab_t *slab = slab_of_ptr(ps[1]);
+  CHECK(slab->state == HAK_SLAB_ACTIVE && atomic_load(&slab->owner) == hak_tls_heap);
+  uint32_t used = slab->used;
+  free(ps[1]); /* now a local free */
+  CHECK(slab->used == used - 1);
+  CHECK(atomic_load(&slab->remote) == NULL);
+  for (int i = 2; i < 100; i++) free(ps[i]);
+}
+
+static void *alloc_1000_and_exit(void *arg) {
+  void **ps = arg;
+  for (int i = 0; i < 1000; i++) ps[i] = malloc(64);
+  return NULL;
+}
+
+TEST(exiting_thread_gives_its_free_lists_back) {
+  /* the thread's heap list holds blocks it never handed out: at exit they
+   * must go back to their slab, or the slab can never become empty */
+  static void *ps[1000];
+  pthread_t t;
+  pthread_create(&t, NULL, alloc_1000_and_exit, ps);
+  pthread_join(t, NULL);
+  hak_slab_t *last = slab_of_ptr(ps[999]);
+  uint32_t handed_out = 0;
+  for (int i = 0; i < 1000; i++) handed_out += slab_of_ptr(ps[i]) == last;
+  CHECK_MSG(last->used == handed_out, "slab used %u, blocks handed out of it %u", last->used,
+            handed_out);
+  for (int i = 0; i < 1000; i++) free(ps[i]);
 }
 
 static void *churn_thread(void *arg) {
