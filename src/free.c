@@ -60,18 +60,19 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   }
   hak_slab_t *slab = hak_slab_of(seg, p);
   hak_check_block(seg, slab, p);
-  hak_block_check_free(p, slab->block_size);
-  HAK_CSTAT_FREE(slab->cls);
   hak_heap_t *heap = hak_tls_heap;
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  /* The segment of an exited thread: take it over, so this free and the
+   * next ones are local and its emptied slabs go back at once; the free
+   * then starts over (and is checked and counted there, once). A thread
+   * without a heap leaves the segment to the purger. */
+  if (owner == NULL && heap != &hak_heap_empty && hak_segment_reclaim_one(heap, seg)) {
+    hak_free_inline(p);
+    return;
+  }
+  hak_block_check_free(p, slab->block_size);
+  HAK_CSTAT_FREE(slab->cls);
   if (owner != heap) {
-    /* The segment of an exited thread: take it over, so this free and the
-     * next ones are local and its emptied slabs go back at once. A thread
-     * without a heap leaves it to the purger. */
-    if (owner == NULL && heap != &hak_heap_empty && hak_segment_reclaim_one(heap, seg)) {
-      hak_free_inline(p);
-      return;
-    }
     free_remote(seg, slab, (hak_block_t *)p);
     if (owner == NULL) {
       hak_purge_wake();

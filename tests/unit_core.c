@@ -325,7 +325,9 @@ TEST(free_into_exited_threads_segment_takes_it_over) {
   pthread_join(t, NULL);
   hak_segment_t *seg = hak_segment_of(ps[0]);
   REQUIRE(atomic_load(&seg->heap) == NULL);
+  size_t live = hak_stats_live_blocks();
   free(ps[0]); /* reclaim on free: this thread now owns the segment */
+  CHECK(hak_stats_live_blocks() == live - 1); /* counted once */
   CHECK(atomic_load(&seg->heap) == hak_tls_heap);
   hak_slab_t *slab = slab_of_ptr(ps[1]);
   CHECK(slab->state == HAK_SLAB_ACTIVE && atomic_load(&slab->owner) == hak_tls_heap);

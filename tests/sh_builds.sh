@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The other builds under the same workloads: the C suites and two
+# cross-thread benchmarks run with build/secure (hardened) and build/stats
+# (exact counters) preloaded over the linked release library. Each suite's
+# lines are renamed <build>.<suite>.<test>.
+set -u
+SUITE=builds
+. "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || { bad setup "cannot cd to $ROOT"; finish; }
+B=${BUILD:-$ROOT/build}
+make -s secure stats bench-bins >/dev/null 2>&1 || { bad setup "make secure stats bench-bins failed"; finish; }
+
+run_suite() { # build, test binary
+  local build=$1 bin=$2 out rc
+  out=$(LD_PRELOAD="$B/$build/libhakmem.so" timeout 300 "$B/tests/$bin" 2>&1)
+  rc=$?
+  # per-test lines and the RESULT line, renamed for tests/run.sh
+  printf '%s\n' "$out" | sed -E "s/^(  (ok|FAIL)  +)([a-z_]+)\./\1$build.\3./; s/^RESULT ([a-z_]+)/RESULT $build.\1/"
+  printf '%s\n' "$out" | grep -q '^RESULT ' || bad "$build.$bin" "no RESULT line (exit $rc)"
+}
+for bin in test_api test_early test_stress test_threads test_cxx test_misuse; do
+  run_suite secure "$bin"
+done
+for bin in test_stress test_threads test_hakapi; do
+  run_suite stats "$bin"
+done
+for build in secure stats; do
+  for cmd in "larson 2 8 128 1000 20000 5" "xmalloc 2 2 20000 50"; do
+    if out=$(LD_PRELOAD="$B/$build/libhakmem.so" timeout 120 $B/bench/$cmd 2>&1) &&
+        grep -q 'ops/s=' <<< "$out"; then
+      ok "$build.bench.${cmd%% *}"
+    else
+      bad "$build.bench.${cmd%% *}" "$(tail -2 <<< "$out" | tr '\n' ' ')"
+    fi
+  done
+done
+finish
