@@ -2,6 +2,21 @@
  * aligned, zeroing and resizing variants. */
 #include "internal.h"
 
+/* A block of cls from the heap, refilling its list if empty; NULL with
+ * ENOMEM when out of memory. */
+static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
+  void *b = hak_heap_pop(heap, cls);
+  if (HAK_UNLIKELY(b == NULL)) {
+    if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
+      errno = ENOMEM;
+      return NULL;
+    }
+    b = hak_heap_pop(heap, cls);
+  }
+  HAK_CSTAT_ALLOC(cls, size);
+  return b;
+}
+
 HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
   if (HAK_UNLIKELY(heap == &hak_heap_empty)) {
     heap = hak_heap_get();
@@ -10,19 +25,8 @@ HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
       return NULL;
     }
   }
-  if (HAK_LIKELY(size <= HAK_BIG_MAX - HAK_CANARY)) {
-    size_t cls = hak_size_class(size + HAK_CANARY);
-    void *b = hak_heap_pop(heap, cls);
-    if (HAK_UNLIKELY(b == NULL)) {
-      if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
-        errno = ENOMEM;
-        return NULL;
-      }
-      b = hak_heap_pop(heap, cls);
-    }
-    HAK_CSTAT_ALLOC(cls, size);
-    return b;
-  }
+  if (HAK_LIKELY(size <= HAK_BIG_MAX - HAK_CANARY))
+    return alloc_class(heap, hak_size_class(size + HAK_CANARY), size);
   return hak_large_alloc(size, 0, false);
 }
 
@@ -39,15 +43,7 @@ static void *alloc_aligned_slab(size_t align, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  void *b = hak_heap_pop(heap, cls);
-  if (b == NULL) {
-    if (!hak_heap_refill(heap, cls)) {
-      errno = ENOMEM;
-      return NULL;
-    }
-    b = hak_heap_pop(heap, cls);
-  }
-  HAK_CSTAT_ALLOC(cls, size);
+  void *b = alloc_class(heap, cls, size);
   HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
   return b;
 }
@@ -88,7 +84,7 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
   hak_slab_t *slab = hak_slab_of(seg, p);
   if (!(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
-        (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic))
+        hak_slab_is_block(slab, off)))
     hak_check_block(seg, slab, p);
   return slab->block_size - HAK_CANARY;
 }
@@ -102,8 +98,7 @@ void *hak_realloc_impl(void *p, size_t size) {
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
   if (seg->kind == HAK_KIND_LARGE) {
-    if ((uint8_t *)p != (uint8_t *)seg + seg->large_offset) hak_invalid_free(p);
-    if (seg->slabs[0].state == HAK_SLAB_FREE) hak_double_free(p);
+    hak_check_large(seg, p);
     return hak_large_realloc(seg, p, size);
   }
   size_t old = slab_block_size(seg, p);

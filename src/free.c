@@ -22,12 +22,12 @@ HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in bl
  * slab is handed out), the state atomically, and local_free only when the
  * slab is the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
-  size_t off = (size_t)((const uint8_t *)p - hak_slab_start(seg, slab));
-  /* off < 2^22 (within the segment): the multiply test is exact */
-  bool boundary = (uint64_t)(uint32_t)off * slab->magic < slab->magic;
+  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+  bool boundary = hak_slab_is_block(slab, off);
   if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE))
     report(boundary ? "double free" : "invalid free", p);
-  if (HAK_UNLIKELY(!boundary || off >= (size_t)slab->capacity * slab->block_size))
+  if (HAK_UNLIKELY(!boundary ||
+                   off - slab->start_off >= (size_t)slab->capacity * slab->block_size))
     report("invalid free", p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
       HAK_UNLIKELY(slab->local_free == p))
@@ -48,13 +48,17 @@ static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
   }
 }
 
+void hak_check_large(hak_segment_t *seg, const void *p) {
+  if (HAK_UNLIKELY((const uint8_t *)p != (uint8_t *)seg + seg->large_offset)) hak_invalid_free(p);
+  if (HAK_UNLIKELY(hak_slab_state(&seg->slabs[0]) == HAK_SLAB_FREE)) hak_double_free(p); /* cached */
+}
+
 HAK_NOINLINE void hak_free_generic(void *p) {
   if (p == NULL) return;
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
   if (seg->kind == HAK_KIND_LARGE) {
-    if (HAK_UNLIKELY((uint8_t *)p != (uint8_t *)seg + seg->large_offset)) hak_invalid_free(p);
-    if (HAK_UNLIKELY(seg->slabs[0].state == HAK_SLAB_FREE)) hak_double_free(p); /* cached */
+    hak_check_large(seg, p);
     hak_large_free(seg);
     return;
   }
@@ -86,9 +90,6 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_set_next(b, slab->local_free);
   slab->local_free = b;
   slab->used--;
-  hak_queue_remove(&heap->full[slab->cls], slab);
-  hak_queue_push_back(&heap->queue[slab->cls], slab);
-  hak_slab_set_state(slab, HAK_SLAB_ACTIVE);
-  atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
+  hak_slab_unfull(heap, slab);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }

@@ -83,6 +83,11 @@ HAK_INLINE bool hak_segmap_has(const void *p) {
   return atomic_load_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], memory_order_relaxed);
 }
 
+/* Whether a segment may start at p: the last chunk stands for NULL. */
+HAK_INLINE bool hak_segmap_usable(const void *p) {
+  return ((uintptr_t)p >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1;
+}
+
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
   if (HAK_UNLIKELY(!hak_segmap_has(p))) return NULL;
@@ -105,6 +110,13 @@ HAK_INLINE void hak_slab_set_state(hak_slab_t *slab, hak_slab_state_t state) {
 }
 HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
   return (hak_slab_state_t)__atomic_load_n(&slab->state, __ATOMIC_RELAXED);
+}
+
+/* Whether the block offset off (from the segment start) is a block start of
+ * the slab: one multiply, exact for offsets below 2^32 (see slab->magic).
+ * An offset before the first block wraps to a large value and fails. */
+HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
+  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic;
 }
 
 HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
@@ -136,10 +148,12 @@ extern pthread_mutex_t hak_segment_lock;
 
 /* ---- slab.c ---- */
 void hak_slab_init(hak_slab_t *slab, size_t cls);
-/* Moves remote frees to local_free; returns how many were collected. */
-size_t hak_slab_collect_remote(hak_slab_t *slab);
-/* Puts a list of n blocks of slab back on its local free list. */
+/* Moves remote frees to local_free. */
+void hak_slab_collect_remote(hak_slab_t *slab);
+/* Puts a list of blocks of slab back on its local free list. */
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
+/* A FULL slab of heap has free blocks again: back to its class's queue. */
+void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab);
 /* Refills heap->free[cls]; false when out of memory. */
 bool hak_heap_refill(hak_heap_t *heap, size_t cls);
 /* Free fast path found used == 0. */
@@ -196,8 +210,10 @@ void *hak_realloc_impl(void *p, size_t size);
 size_t hak_usable_size_impl(const void *p);
 HAK_COLD __attribute__((noreturn)) void hak_invalid_free(const void *p);
 HAK_COLD __attribute__((noreturn)) void hak_double_free(const void *p);
-/* Aborts with a named error unless p is a live block's start (slow paths). */
+/* Abort with a named error unless p is a live block's start (slow paths):
+ * of a slab, or of a large block. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p);
+void hak_check_large(hak_segment_t *seg, const void *p);
 
 /* ---- options.c ---- */
 #include "options.h"
@@ -325,8 +341,7 @@ HAK_INLINE void hak_free_inline(void *p) {
      * the block size); not the block freed just before. Anything else goes
      * to the generic path, which names the fault. */
     if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
-                   (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic &&
-                   (head = slab->local_free) != b)) {
+                   hak_slab_is_block(slab, off) && (head = slab->local_free) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
 #if HAK_SECURE
       hak_check_block(seg, slab, p);

@@ -57,6 +57,17 @@ EXPORT void malloc_stats(void) {
   hak_stats_report(2);
 }
 
+/* The mmap, system and aspace lines, which glibc gives per heap and in all. */
+static void info_system(FILE *fp) {
+  size_t mapped = atomic_load(&hak_gstats.mapped);
+  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n",
+          atomic_load(&hak_gstats.large_live), large_bytes());
+  fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", mapped);
+  fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", atomic_load(&hak_gstats.mapped_peak));
+  fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", mapped);
+  fprintf(fp, "<aspace type=\"mprotect\" size=\"%zu\"/>\n", mapped);
+}
+
 EXPORT int malloc_info(int options, FILE *fp) {
   if (options != 0) {
     errno = EINVAL;
@@ -74,25 +85,15 @@ EXPORT int malloc_info(int options, FILE *fp) {
     free_blocks += u.blocks_free[c];
     free_bytes += u.blocks_free[c] * hi;
   }
-  size_t mapped = atomic_load(&hak_gstats.mapped);
   fprintf(fp, "</sizes>\n<total type=\"slab\" count=\"%zu\" size=\"%zu\"/>\n", free_blocks,
           free_bytes);
   fprintf(fp, "<total type=\"cached\" size=\"%zu\"/>\n",
           u.cached_bytes + atomic_load(&hak_gstats.large_cached));
-  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n",
-          atomic_load(&hak_gstats.large_live), large_bytes());
-  fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", mapped);
-  fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", atomic_load(&hak_gstats.mapped_peak));
-  fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", mapped);
-  fprintf(fp, "<aspace type=\"mprotect\" size=\"%zu\"/>\n", mapped);
+  info_system(fp);
   fprintf(fp, "</heap>\n<total type=\"fast\" count=\"0\" size=\"0\"/>\n");
   fprintf(fp, "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n", free_blocks, free_bytes);
-  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n",
-          atomic_load(&hak_gstats.large_live), large_bytes());
-  fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", mapped);
-  fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", atomic_load(&hak_gstats.mapped_peak));
-  fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", mapped);
-  fprintf(fp, "<aspace type=\"mprotect\" size=\"%zu\"/>\n</malloc>\n", mapped);
+  info_system(fp);
+  fprintf(fp, "</malloc>\n");
   return 0;
 }
 

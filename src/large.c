@@ -67,7 +67,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     hak_os_unmap(raw, (size_t)(seg - raw));
     hak_os_unmap(seg + map_size, (size_t)(raw + total - (seg + map_size)));
   }
-  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_SIZE - 1) {
+  if (!hak_segmap_usable(seg)) {
     hak_os_unmap(seg, map_size);
     return NULL;
   }
@@ -80,8 +80,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
   s->slab_count = 1;
   s->map_size = map_size;
   s->large_offset = offset;
-  s->fresh = 1;
-  s->slabs[0].state = HAK_SLAB_ACTIVE; /* owner stays NULL: frees go slow */
+  s->fresh = 1; /* slabs[0].owner stays NULL: frees go slow */
   hak_segmap_set(s, true);
   return s;
 }
@@ -93,10 +92,10 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   }
   HAK_SLOW_BEGIN();
   hak_process_init();
+  /* align is a power of two: past HAK_LARGE_OFFSET it is at least twice
+   * that, so a guard page still fits below the block */
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET
-                  : align <= HAK_SEG_SIZE   ? (HAK_GUARD_PAGES && align < 2 * HAK_LARGE_OFFSET
-                                                   ? 2 * HAK_LARGE_OFFSET
-                                                   : align)
+                  : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
   hak_segment_t *seg = offset == HAK_LARGE_OFFSET ? cache_take(map_size) : NULL;
@@ -108,7 +107,7 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
     }
   }
   seg->large_size = seg->map_size - offset;
-  seg->slabs[0].state = HAK_SLAB_ACTIVE;
+  hak_slab_set_state(&seg->slabs[0], HAK_SLAB_ACTIVE);
   HAK_STAT_ADD(large_live, 1);
   HAK_STAT_ADD(large_bytes, seg->large_size);
   void *p = (uint8_t *)seg + offset;
@@ -157,7 +156,7 @@ void hak_large_free(hak_segment_t *seg) {
     return;
   }
   seg->cached_since_ms = hak_clock_ms();
-  seg->slabs[0].state = HAK_SLAB_FREE; /* a second free is a double free */
+  hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
   seg->next = cache;
   cache = seg;
@@ -188,7 +187,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   if (raw == NULL) return NULL;
   uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
   hak_segment_t *moved = NULL;
-  if (((uintptr_t)dst >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1) {
+  if (hak_segmap_usable(dst)) {
     hak_segmap_set(seg, false);
     moved = hak_os_remap(seg, old_map, new_map, dst);
     if (moved == NULL) hak_segmap_set(seg, true);
@@ -221,7 +220,7 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
       return (uint8_t *)r + offset;
     }
   }
-  void *q = size <= HAK_BIG_MAX ? hak_malloc_inline(size) : hak_large_alloc(size, 0, false);
+  void *q = hak_malloc_inline(size);
   if (q == NULL) return NULL;
   memcpy(q, p, size < seg->large_size ? size : seg->large_size);
   hak_free_inline(p);

@@ -13,23 +13,6 @@ pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
  * that a thread freeing into one can take it out (reclaim on free). All
  * under hak_segment_lock. */
 static hak_segment_t *abandoned[HAK_KIND_COUNT];
-
-static void abandoned_push(hak_segment_t *seg) {
-  hak_segment_t **head = &abandoned[seg->kind];
-  seg->prev = NULL;
-  seg->next = *head;
-  if (*head) (*head)->prev = seg;
-  *head = seg;
-  seg->abandoned = 1;
-}
-
-static void abandoned_remove(hak_segment_t *seg) {
-  if (seg->prev) seg->prev->next = seg->next;
-  else abandoned[seg->kind] = seg->next;
-  if (seg->next) seg->next->prev = seg->prev;
-  seg->next = seg->prev = NULL;
-  seg->abandoned = 0;
-}
 static hak_segment_t *cache;
 static size_t cache_count;
 
@@ -45,23 +28,40 @@ void hak_segmap_set(hak_segment_t *seg, bool on) {
   atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], on, memory_order_release);
 }
 
-/* ---- heap's segment lists ---- */
+/* ---- segment lists: a heap's own, per kind, and the abandoned ones ---- */
 
-static void heap_link(hak_heap_t *heap, hak_segment_t *seg) {
-  hak_segment_t **head = &heap->segments[seg->kind];
+static void list_push(hak_segment_t **head, hak_segment_t *seg) {
   seg->prev = NULL;
   seg->next = *head;
   if (*head) (*head)->prev = seg;
   *head = seg;
+}
+
+static void list_remove(hak_segment_t **head, hak_segment_t *seg) {
+  if (seg->prev) seg->prev->next = seg->next;
+  else *head = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+}
+
+static void heap_link(hak_heap_t *heap, hak_segment_t *seg) {
+  list_push(&heap->segments[seg->kind], seg);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
 }
 
 static void heap_unlink(hak_heap_t *heap, hak_segment_t *seg) {
-  if (seg->prev) seg->prev->next = seg->next;
-  else heap->segments[seg->kind] = seg->next;
-  if (seg->next) seg->next->prev = seg->prev;
-  seg->next = seg->prev = NULL;
+  list_remove(&heap->segments[seg->kind], seg);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
+}
+
+static void abandoned_push(hak_segment_t *seg) {
+  list_push(&abandoned[seg->kind], seg);
+  seg->abandoned = 1;
+}
+
+static void abandoned_remove(hak_segment_t *seg) {
+  list_remove(&abandoned[seg->kind], seg);
+  seg->abandoned = 0;
 }
 
 /* ---- the cache of free segments ---- */
@@ -74,17 +74,7 @@ static void segment_unmap(hak_segment_t *seg) {
   hak_os_unmap(seg, HAK_SEG_SIZE);
 }
 
-/* Purges everything but the header page(s) of a cached segment. */
-static void segment_purge_body(hak_segment_t *seg) {
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
-    if (!s->purged) {
-      hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
-      s->purged = 1;
-      s->zero = 1;
-    }
-  }
-}
+static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next);
 
 static void cache_put(hak_segment_t *seg) {
   bool unmap_now = false;
@@ -99,7 +89,10 @@ static void cache_put(hak_segment_t *seg) {
   }
   pthread_mutex_unlock(&hak_segment_lock);
   if (unmap_now) segment_unmap(seg);
-  else if (hak_opt.purge_delay_ms == 0) segment_purge_body(seg);
+  else if (hak_opt.purge_delay_ms == 0) { /* every slab of a cached segment is free */
+    uint64_t none = 0;
+    purge_free_slabs(seg, 0, true, &none);
+  }
   else hak_purge_wake();
 }
 
@@ -211,12 +204,13 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
 }
 
 /* An empty segment goes to the cache unless it is the heap's only one of
- * its kind (kept to avoid map/unmap thrash at a size boundary). */
-static void segment_release_if_empty(hak_heap_t *heap, hak_segment_t *seg) {
-  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
-    heap_unlink(heap, seg);
-    cache_put(seg);
-  }
+ * its kind (kept to avoid map/unmap thrash at a size boundary). True if it
+ * went. */
+static bool segment_release_if_empty(hak_heap_t *heap, hak_segment_t *seg) {
+  if (seg->used_slabs != 0 || (!seg->prev && !seg->next)) return false;
+  heap_unlink(heap, seg);
+  cache_put(seg);
+  return true;
 }
 
 void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
@@ -260,8 +254,7 @@ static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
 static hak_segment_t *segment_new(void) {
   hak_segment_t *seg = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
   if (seg == NULL) return NULL;
-  /* The last chunk of the address space stands for NULL in the segment map. */
-  if (((uintptr_t)seg >> HAK_SEG_SHIFT) == HAK_SEGMAP_SIZE - 1) {
+  if (!hak_segmap_usable(seg)) {
     hak_os_unmap(seg, HAK_SEG_SIZE);
     errno = ENOMEM;
     return NULL;
@@ -294,12 +287,7 @@ static bool segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
     hak_slab_t *s = &seg->slabs[i];
     if (s->state == HAK_SLAB_ORPHAN && !hak_slab_adopt(heap, s)) slab_mark_free(heap, s);
   }
-  if (seg->used_slabs == 0 && (seg->prev || seg->next)) {
-    heap_unlink(heap, seg);
-    cache_put(seg);
-    return false;
-  }
-  return true;
+  return !segment_release_if_empty(heap, seg);
 }
 
 static hak_segment_t *pop_abandoned(unsigned kind) {
@@ -375,7 +363,7 @@ void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
   for (unsigned i = 0; i < seg->slab_count; i++) {
     hak_slab_t *s = &seg->slabs[i];
     size_t bytes = hak_slab_bytes(seg, s);
-    if (__atomic_load_n(&s->state, __ATOMIC_RELAXED) == HAK_SLAB_FREE) {
+    if (hak_slab_state(s) == HAK_SLAB_FREE) {
       u->slabs_free++;
       if (!s->purged) u->cached_bytes += bytes;
       continue;

@@ -44,21 +44,6 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   HAK_ASSERT(slab->capacity > 0);
 }
 
-size_t hak_slab_collect_remote(hak_slab_t *slab) {
-  if (atomic_load_explicit(&slab->remote, memory_order_relaxed) == NULL) return 0;
-  hak_block_t *list = atomic_exchange_explicit(&slab->remote, NULL, memory_order_acquire);
-  if (list == NULL) return 0;
-  size_t n = 1;
-  hak_block_t *tail = list;
-  for (hak_block_t *next; (next = hak_next(tail)) != NULL; tail = next) n++;
-  hak_set_next(tail, slab->local_free);
-  slab->local_free = list;
-  HAK_ASSERT(slab->used >= n);
-  slab->used -= (uint32_t)n;
-  HAK_STAT_ADD(remote_collects, 1);
-  return n;
-}
-
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list) {
   if (list == NULL) return;
   size_t n = 1;
@@ -68,6 +53,14 @@ void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list) {
   slab->local_free = list;
   HAK_ASSERT(slab->used >= n);
   slab->used -= (uint32_t)n;
+}
+
+void hak_slab_collect_remote(hak_slab_t *slab) {
+  if (atomic_load_explicit(&slab->remote, memory_order_relaxed) == NULL) return;
+  hak_block_t *list = atomic_exchange_explicit(&slab->remote, NULL, memory_order_acquire);
+  if (list == NULL) return;
+  hak_slab_give_back(slab, list);
+  HAK_STAT_ADD(remote_collects, 1);
 }
 
 /* Carves the next batch of never-used blocks into a list. */
@@ -130,6 +123,12 @@ static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
 
+void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_queue_remove(&heap->full[slab->cls], slab);
+  hak_queue_push_back(&heap->queue[slab->cls], slab);
+  slab_activate(heap, slab);
+}
+
 bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
   hak_slab_collect_remote(slab);
   if (slab->used == 0) return false;
@@ -151,10 +150,8 @@ static void heap_revive_full(hak_heap_t *heap) {
     while (s) {
       hak_slab_t *next = s->next;
       if (atomic_load_explicit(&s->remote, memory_order_relaxed) != NULL) {
-        hak_queue_remove(&heap->full[c], s);
         hak_slab_collect_remote(s);
-        hak_queue_push_back(&heap->queue[c], s);
-        slab_activate(heap, s);
+        hak_slab_unfull(heap, s);
       }
       s = next;
     }
