@@ -123,20 +123,39 @@ bool hak_segment_cache_collect(bool force) {
 
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab);
 
-/* Purges the segment's FREE slabs whose delay has passed (all if force);
- * lowers *next to the earliest deadline still pending (0: none). */
+/* Whether something freed at `since` is due (else lowers *next to its
+ * deadline; 0 means none pending). */
+static bool purge_due(uint64_t since, uint64_t now, bool force, uint64_t *next) {
+  uint64_t at = since + (uint64_t)hak_opt.purge_delay_ms;
+  if (force || now >= at) return true;
+  if (*next == 0 || at < *next) *next = at;
+  return false;
+}
+
+/* Purges the pages of an in-use slab beyond its reserved blocks. */
+static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
+  uintptr_t start = (uintptr_t)hak_slab_start(seg, s) + (uintptr_t)s->reserved * s->block_size;
+  uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(seg, s);
+  start = (start + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  if (start < end) hak_os_purge((void *)start, end - start);
+  s->zero = 1;
+  __atomic_store_n(&s->dirty_tail, 0, __ATOMIC_RELEASE); /* after zero, for slab_extend */
+}
+
+/* Purges the segment's FREE slabs, and the dirty tails of its other slabs,
+ * whose delay has passed (all if force); lowers *next to the earliest
+ * deadline still pending (0: none). */
 static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next) {
-  uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
   for (unsigned i = 0; i < seg->slab_count; i++) {
     hak_slab_t *s = &seg->slabs[i];
-    if (s->state != HAK_SLAB_FREE || s->purged) continue;
-    if (force || now - s->free_since_ms >= delay) {
-      hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
-      s->purged = 1;
-      s->zero = 1;
-    } else if (*next == 0 || s->free_since_ms + delay < *next) {
-      *next = s->free_since_ms + delay;
+    if (s->state != HAK_SLAB_FREE) {
+      if (s->dirty_tail && purge_due(s->dirty_since_ms, now, force, next)) purge_tail(seg, s);
+      continue;
     }
+    if (s->purged || !purge_due(s->free_since_ms, now, force, next)) continue;
+    hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
+    s->purged = 1;
+    s->zero = 1;
   }
 }
 
@@ -177,7 +196,21 @@ bool hak_segment_purge_abandoned(bool force) {
   return next != 0;
 }
 
+static bool segment_all_purged(const hak_segment_t *seg) {
+  for (unsigned i = 0; i < seg->slab_count; i++)
+    if (!seg->slabs[i].purged) return false;
+  return true;
+}
+
 /* ---- releasing slabs ---- */
+
+/* Something of heap's became purgeable at `since`: make sure a purge pass
+ * comes (one already pending recomputes its next deadline itself). */
+static void schedule_purge(hak_heap_t *heap, uint64_t since) {
+  if (heap == NULL || heap->next_purge_ms != 0) return;
+  __atomic_store_n(&heap->next_purge_ms, since + (uint64_t)hak_opt.purge_delay_ms, __ATOMIC_RELAXED);
+  hak_purge_wake();
+}
 
 /* Marks a slab FREE and schedules its purge; the segment stays. */
 /* heap is NULL for a slab of an abandoned segment: the purger, which frees
@@ -190,16 +223,15 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   slab->zero = 0; /* its blocks were used */
   slab->local_free = NULL;
   slab->reserved = 0;
+  __atomic_store_n(&slab->dirty_tail, 0, __ATOMIC_RELAXED); /* all of it is purged */
   slab->free_since_ms = hak_clock_ms();
   seg->used_slabs--;
   if (hak_opt.purge_delay_ms == 0) {
     hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
     slab->purged = 1;
     slab->zero = 1;
-  } else if (heap != NULL && heap->next_purge_ms == 0) {
-    __atomic_store_n(&heap->next_purge_ms, slab->free_since_ms + (uint64_t)hak_opt.purge_delay_ms,
-                     __ATOMIC_RELAXED);
-    hak_purge_wake();
+  } else {
+    schedule_purge(heap, slab->free_since_ms);
   }
 }
 
@@ -265,19 +297,30 @@ static hak_segment_t *segment_new(void) {
   return seg;
 }
 
-static hak_slab_t *segment_take_slab(hak_segment_t *seg) {
+/* Takes a FREE slab of seg, preferring one whose memory is still
+ * committed: reusing it costs no page faults and no new RSS. */
+static hak_slab_t *segment_take_slab(hak_heap_t *heap, hak_segment_t *seg) {
+  hak_slab_t *s = NULL;
   for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
-    if (s->state != HAK_SLAB_FREE) continue;
+    hak_slab_t *c = &seg->slabs[i];
+    if (c->state != HAK_SLAB_FREE) continue;
+    if (s == NULL || !c->zero) s = c;
+    if (!c->zero) break;
+  }
+  if (s != NULL) {
     if (s->purged) {
       HAK_STAT_ADD(committed, hak_slab_bytes(seg, s));
       s->purged = 0;
     }
+    if (!s->zero && hak_opt.purge_delay_ms != 0) {
+      s->dirty_since_ms = hak_clock_ms();
+      __atomic_store_n(&s->dirty_tail, 1, __ATOMIC_RELAXED);
+      schedule_purge(heap, s->dirty_since_ms);
+    }
     seg->used_slabs++;
     HAK_STAT_ADD(slabs_allocated, 1);
-    return s;
   }
-  return NULL;
+  return s;
 }
 
 /* Takes an abandoned segment; false if it was empty and went away. */
@@ -301,13 +344,13 @@ static hak_segment_t *pop_abandoned(unsigned kind) {
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopted) {
   *adopted = false;
   for (hak_segment_t *seg = heap->segments[kind]; seg; seg = seg->next) {
-    if (seg->used_slabs < seg->slab_count) return segment_take_slab(seg);
+    if (seg->used_slabs < seg->slab_count) return segment_take_slab(heap, seg);
   }
   hak_segment_t *seg = pop_abandoned(kind);
   if (seg) {
     *adopted = true;
     bool ours = segment_adopt(heap, seg);
-    return ours && seg->used_slabs < seg->slab_count ? segment_take_slab(seg) : NULL;
+    return ours && seg->used_slabs < seg->slab_count ? segment_take_slab(heap, seg) : NULL;
   }
   pthread_mutex_lock(&hak_segment_lock);
   seg = cache;
@@ -321,14 +364,23 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopte
   if (seg == NULL) return NULL;
   segment_init(seg, kind, fresh);
   heap_link(heap, seg);
-  return segment_take_slab(seg);
+  return segment_take_slab(heap, seg);
 }
 
 void hak_segment_purge(hak_heap_t *heap, bool force) {
   uint64_t now = hak_clock_ms(), next = 0;
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
-    for (hak_segment_t *seg = heap->segments[k]; seg; seg = seg->next)
+  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
+    for (hak_segment_t *seg = heap->segments[k], *after; seg; seg = after) {
+      after = seg->next;
       purge_free_slabs(seg, now, force, &next);
+      /* An empty segment kept against thrash (the heap's last of its kind)
+       * goes once all of it has been idle for the delay. */
+      if (seg->used_slabs == 0 && segment_all_purged(seg)) {
+        heap_unlink(heap, seg);
+        segment_unmap(seg);
+      }
+    }
+  }
   __atomic_store_n(&heap->next_purge_ms, next, __ATOMIC_RELAXED);
   hak_segment_cache_collect(force);
 }

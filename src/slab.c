@@ -39,6 +39,7 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab->cls = (uint8_t)cls;
   slab->reserved = 0;
   slab->used = 0;
+  slab->retiring = 0;
   slab->local_free = NULL;
   atomic_store_explicit(&slab->remote, NULL, memory_order_relaxed);
   HAK_ASSERT(slab->capacity > 0);
@@ -64,7 +65,7 @@ void hak_slab_collect_remote(hak_slab_t *slab) {
 }
 
 /* Carves the next batch of never-used blocks into a list. */
-static hak_block_t *slab_extend(hak_slab_t *slab) {
+static hak_block_t *slab_carve(hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   size_t bs = slab->block_size;
   size_t n = HAK_EXTEND_BYTES / bs;
@@ -94,21 +95,35 @@ static hak_block_t *slab_extend(hak_slab_t *slab) {
 #endif
 }
 
+/* Carves a batch; *clean tells whether its memory is zero. A dirty tail
+ * may be purged meanwhile: then only under the heap lock. */
+static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
+  if (!__atomic_load_n(&slab->dirty_tail, __ATOMIC_ACQUIRE)) { /* pairs with purge_tail */
+    *clean = slab->zero;
+    return slab_carve(slab);
+  }
+  pthread_mutex_lock(&heap->lock);
+  *clean = slab->zero;
+  hak_block_t *list = slab_carve(slab);
+  pthread_mutex_unlock(&heap->lock);
+  return list;
+}
+
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
  * tells whether they are never-used blocks of zero memory. */
-static hak_block_t *slab_take(hak_slab_t *slab, uint8_t *clean) {
+static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
   if (slab->local_free == NULL) hak_slab_collect_remote(slab);
   hak_block_t *list = slab->local_free;
   *clean = 0;
   if (list) {
     slab->local_free = NULL;
   } else if (slab->reserved < slab->capacity) {
-    list = slab_extend(slab);
-    *clean = slab->zero;
+    list = slab_extend(heap, slab, clean);
   } else {
     return NULL;
   }
   slab->used = slab->reserved; /* every reserved block is now out */
+  slab->retiring = 0;
   return list;
 }
 
@@ -173,7 +188,7 @@ static bool heap_refill(hak_heap_t *heap, size_t cls) {
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
     while (slab) {
-      hak_block_t *list = slab_take(slab, &heap->clean[cls]);
+      hak_block_t *list = slab_take(heap, slab, &heap->clean[cls]);
       if (list) {
         if (slab != q->first) {
           hak_queue_remove(q, slab);
@@ -194,12 +209,13 @@ static bool heap_refill(hak_heap_t *heap, size_t cls) {
     bool adopted;
     pthread_mutex_lock(&heap->lock);
     slab = hak_segment_alloc_slab(heap, hak_class_kind(cls), &adopted);
+    heap->releases_in_row = 0;
+    if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
     pthread_mutex_unlock(&heap->lock);
     if (slab == NULL) {
       if (adopted) continue;
       return false;
     }
-    hak_slab_init(slab, cls);
     hak_queue_push_front(q, slab);
     slab_activate(heap, slab);
   }
@@ -213,12 +229,51 @@ bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
   return b;
 }
 
+/* Class cls's current slab gets the heap's list back and retires: it is
+ * released now if that empties it, else when its last block is freed,
+ * unless the heap takes blocks from it again first. The list head is
+ * cleared before the call (see heap_return_lists). */
+static void class_retire(hak_heap_t *heap, size_t cls) {
+  hak_slab_t *cur = heap->queue[cls].first;
+  if (cur == NULL) return;
+  hak_block_t *list = heap->free[cls];
+  heap->free[cls] = NULL;
+  hak_slab_give_back(cur, list);
+  if (cur->used == 0) {
+    hak_queue_remove(&heap->queue[cls], cur);
+    hak_segment_free_slab(heap, cur);
+  } else {
+    cur->retiring = 1;
+  }
+}
+
+/* Slabs released in a row, with none taken, after which every class
+ * retires its current slab: the thread is freeing, not allocating. */
+#define HAK_SHRINK_RELEASES 8
+
+/* A current slab stays when it empties (a malloc/free ping-pong would
+ * otherwise take and release it over and over), unless it is retiring.
+ * Any other slab goes; its class is shrinking, so the class retires its
+ * current slab too, and after a few releases with no slab taken, every
+ * class does. A thread that stops allocating and frees its blocks thus
+ * releases its slabs, and the purger returns the memory even though the
+ * thread makes no further call. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
-  hak_slab_queue_t *q = &heap->queue[slab->cls];
-  if (slab == q->first) return; /* the current slab stays */
+  size_t cls = slab->cls;
+  hak_slab_queue_t *q = &heap->queue[cls];
+  bool current = slab == q->first;
+  if (current && !slab->retiring) return;
   pthread_mutex_lock(&heap->lock);
   hak_queue_remove(q, slab);
   hak_segment_free_slab(heap, slab);
+  if (!current) {
+    if (++heap->releases_in_row < HAK_SHRINK_RELEASES) {
+      class_retire(heap, cls);
+    } else {
+      heap->releases_in_row = 0;
+      for (size_t c = 0; c < HAK_CLASSES; c++) class_retire(heap, c);
+    }
+  }
   pthread_mutex_unlock(&heap->lock);
   hak_purge_start();
 }

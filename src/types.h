@@ -112,6 +112,15 @@ struct __attribute__((aligned(64))) hak_slab_s {
   };
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   uint8_t zero; /* its unreserved memory is zero (fresh or purged) */
+  /* The current slab of a class that shrank to it: released when it empties
+   * (see hak_slab_emptied); cleared when the heap takes blocks from it. */
+  uint8_t retiring;
+  /* Taken while its memory was still committed: the part not reserved yet
+   * is purged once it has stayed unused for the purge delay. Set by the
+   * owner under the heap lock, cleared by the purge under the same lock;
+   * while set, the owner carves new blocks under the lock. */
+  uint8_t dirty_tail;
+  uint64_t dirty_since_ms;
 };
 
 struct hak_segment_s {
@@ -149,6 +158,7 @@ struct hak_heap_s {
    * refill looks at the full lists before taking a new slab. */
   _Atomic int full_remote;
   uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
+  uint32_t releases_in_row; /* slabs released since a slab was last taken */
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. */

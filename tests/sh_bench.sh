@@ -55,6 +55,18 @@ for t in "random_mixed.noop|10000 64" "larson.noop|1 8 128 100 1000 2"; do
   # shellcheck disable=SC2086
   if out=$("$BIN/$p" $args 2>&1) && [[ $out == *build=noop*ops/s=* ]]; then ok "$p $args"; else bad "$p $args" "$out"; fi
 done
+# Memory return (issue: RSS back within 10% of start-up after frag frees
+# everything): 64 MiB, a 200 ms delay, then idle with no allocator call.
+out=$(env -i PATH="$PATH" LANG=C HAKMEM_PURGE_DELAY_MS=200 LD_PRELOAD="$LIBHAKMEM" \
+      timeout 20 "$BIN/frag" 64 --watch 1000 2>&1)
+start=$(printf '%s\n' "$out" | grep -o 'start_rss_kib=[0-9]*' | cut -d= -f2)
+idle=$(printf '%s\n' "$out" | grep -o ' 1000:[0-9]*' | cut -d: -f2)
+if [ -n "$start" ] && [ -n "$idle" ] && [ "$idle" -le $((start * 110 / 100)) ]; then
+  ok "frag 64 MiB: idle RSS ${idle} KiB within 10% of start-up ${start} KiB"
+else
+  bad "frag 64 MiB: idle RSS ${idle:-?} KiB not within 10% of start-up ${start:-?} KiB" "$out"
+fi
+
 if out=$("$BIN/random_mixed" --help 2>&1) && [[ $out == usage:* ]]; then ok "usage text"; else bad "usage text" "$out"; fi
 
 if out=$(python3 -m unittest discover -s bench -p 'test_hakbench.py' 2>&1); then

@@ -188,7 +188,9 @@ TEST(remote_frees_are_collected_by_owner) {
 }
 
 TEST(empty_slabs_are_released) {
-  /* three slabs' worth of 1 KiB blocks: the non-current ones go FREE */
+  /* Three slabs' worth of 1 KiB blocks: the non-current ones go FREE when
+   * they empty. The class is then down to its current slab, which gets the
+   * heap's list back and goes too when its last block is freed. */
   start_purger();
   enum { N = 3 * 64 };
   void *ps[N];
@@ -198,7 +200,69 @@ TEST(empty_slabs_are_released) {
   REQUIRE(first != last);
   for (int i = 0; i < N; i++) free(ps[i]);
   CHECK_MSG(first->state == HAK_SLAB_FREE, "state %d used %u", first->state, first->used);
-  CHECK(last->state == HAK_SLAB_ACTIVE); /* the current one stays */
+  CHECK_MSG(last->state == HAK_SLAB_FREE, "state %d used %u", last->state, last->used);
+  CHECK(hak_tls_heap->free[hak_size_class(1024)] == NULL);
+}
+
+TEST(current_slab_stays_through_ping_pong) {
+  start_purger();
+  void *p = malloc(1024);
+  hak_slab_t *slab = slab_of_ptr(p);
+  free(p);
+  size_t taken = atomic_load(&hak_gstats.slabs_allocated);
+  for (int i = 0; i < 10000; i++) {
+    p = malloc(1024);
+    REQUIRE(slab_of_ptr(p) == slab);
+    free(p);
+  }
+  CHECK(slab->state == HAK_SLAB_ACTIVE);
+  CHECK(atomic_load(&hak_gstats.slabs_allocated) == taken);
+}
+
+static int resident_pages(void *start, size_t bytes) {
+  unsigned char vec[256];
+  size_t pages = bytes / 4096;
+  if (pages > sizeof vec || mincore(start, bytes, vec) != 0) return -1;
+  int n = 0;
+  for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+  return n;
+}
+
+TEST(reused_slab_tail_is_purged_after_delay) {
+  hak_opt.purge_delay_ms = 50;
+  start_purger();
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) {
+    ps[i] = malloc(1000);
+    memset(ps[i], 1, 1000);
+  }
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(first->state == HAK_SLAB_FREE && !first->purged);
+  /* a new class takes the lowest free slab: the one just released, whose
+   * memory is still committed beyond the blocks carved from it */
+  char *q = malloc(40);
+  REQUIRE(slab_of_ptr(q) == first);
+  memset(q, 7, 40);
+  CHECK(first->dirty_tail);
+  hak_segment_t *seg = hak_segment_of_slab(first);
+  uint8_t *tail = hak_slab_start(seg, first) + 32768;
+  size_t tail_bytes = hak_slab_bytes(seg, first) - 32768;
+  CHECK(resident_pages(tail, tail_bytes) > 0);
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
+  CHECK_MSG(resident_pages(tail, tail_bytes) == 0, "%d pages resident",
+            resident_pages(tail, tail_bytes));
+  CHECK(!first->dirty_tail && first->zero);
+  for (int i = 0; i < 40; i++) CHECK(q[i] == 7);
+  /* the purged tail is carved again as zero memory */
+  for (int i = 0; i < 1000; i++) {
+    char *z = calloc(1, 40);
+    REQUIRE(z != NULL);
+    for (int j = 0; j < 40; j++) REQUIRE(z[j] == 0);
+    memset(z, 9, 40);
+  }
 }
 
 TEST(freed_slab_is_purged_after_delay) {
