@@ -89,7 +89,7 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   return slab->block_size - HAK_CANARY;
 }
 
-void *hak_realloc_impl(void *p, size_t size) {
+HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
   if (p == NULL) return hak_malloc_inline(size);
   if (size == 0) { /* glibc: frees and returns NULL */
     hak_free_inline(p);
@@ -109,6 +109,22 @@ void *hak_realloc_impl(void *p, size_t size) {
   memcpy(q, p, size < old ? size : old);
   hak_free_inline(p);
   return q;
+}
+
+/* The common case first, with no call: a block of this thread's ACTIVE
+ * slab (free's one-multiply test) that keeps fitting. size 0 never does
+ * (old / 2 >= 4). */
+void *hak_realloc_impl(void *p, size_t size) {
+  hak_segment_t *seg = hak_segment_of(p); /* NULL for NULL */
+  if (HAK_LIKELY(seg != NULL && seg->kind != HAK_KIND_LARGE)) {
+    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    size_t old = slab->block_size - HAK_CANARY;
+    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
+                   hak_slab_is_block(slab, off) && size <= old && size >= old / 2))
+      return p;
+  }
+  return realloc_generic(p, size);
 }
 
 size_t hak_usable_size_impl(const void *p) {
