@@ -160,6 +160,7 @@ bool hak_release_all(void) {
   hak_segment_purge_abandoned(true);
   hak_segment_cache_collect(true);
   hak_large_cache_collect(true);
+  hak_purge_drain();
   return atomic_load(&hak_gstats.os_returned) != before;
 }
 

@@ -257,6 +257,11 @@ void hak_purge_wake(void);
 /* Starts the purger thread if it was asked for and is not running; called
  * only where no lock is held. */
 void hak_purge_start(void);
+/* Hands a mapping to the purger thread to unmap; false (nothing done) if
+ * it is not running. */
+bool hak_purge_unmap_later(void *p, size_t size);
+/* Unmaps now whatever was handed over. */
+void hak_purge_drain(void);
 void hak_purge_fork_prepare(void);
 void hak_purge_fork_parent(void);
 void hak_purge_fork_child(void);

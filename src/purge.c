@@ -8,21 +8,71 @@
 #include <time.h>
 
 static _Atomic int started;  /* the thread exists (or is being created) */
+static _Atomic int running;  /* the thread exists and takes unmaps */
 static _Atomic int wanted;   /* something was scheduled since the last pass */
 static _Atomic int idle;     /* the thread waits for `wanted` */
 static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wait_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t wait_cond; /* on CLOCK_MONOTONIC, set up by start */
 /* Held during a pass, so fork never copies a half-done purge. */
 static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void sleep_ms(uint64_t ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0) {
+/* Mappings to unmap, handed over by threads that should not pay for the
+ * munmap (tearing down the page tables of a big mapping takes as long as
+ * faulting it in). The record lives in the mapping's first bytes. */
+typedef struct hak_unmap_s {
+  struct hak_unmap_s *next;
+  size_t size;
+} hak_unmap_t;
+static _Atomic(hak_unmap_t *) unmaps;
+
+static void drain(void) {
+  hak_unmap_t *u = atomic_exchange(&unmaps, NULL);
+  while (u) {
+    hak_unmap_t *next = u->next;
+    hak_os_unmap(u, u->size);
+    u = next;
   }
+}
+
+/* Also waits for a pass under way, which may hold mappings taken off the
+ * list and not unmapped yet. */
+void hak_purge_drain(void) {
+  pthread_mutex_lock(&pass_lock);
+  drain();
+  pthread_mutex_unlock(&pass_lock);
+}
+
+bool hak_purge_unmap_later(void *p, size_t size) {
+  if (!atomic_load_explicit(&running, memory_order_acquire)) return false;
+  hak_unmap_t *u = p;
+  u->size = size;
+  u->next = atomic_load_explicit(&unmaps, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&unmaps, &u->next, u, memory_order_release,
+                                                memory_order_relaxed)) {
+  }
+  pthread_mutex_lock(&wait_lock);
+  pthread_cond_signal(&wait_cond);
+  pthread_mutex_unlock(&wait_lock);
+  return true;
+}
+
+/* Waits ms, or less if an unmap is handed over. */
+static void wait_ms(uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000u;
+  ts.tv_sec += (time_t)(ns / 1000000000u);
+  ts.tv_nsec = (long)(ns % 1000000000u);
+  pthread_mutex_lock(&wait_lock);
+  while (atomic_load(&unmaps) == NULL &&
+         pthread_cond_timedwait(&wait_cond, &wait_lock, &ts) == 0) {
+  }
+  pthread_mutex_unlock(&wait_lock);
 }
 
 static bool purge_pass(void) {
   pthread_mutex_lock(&pass_lock);
+  drain();
   bool pending = hak_heaps_purge_due(hak_clock_ms());
   pending |= hak_segment_purge_abandoned(false);
   pending |= hak_segment_cache_collect(false);
@@ -35,16 +85,18 @@ static void *purge_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's */
+  atomic_store_explicit(&running, 1, memory_order_release);
   for (;;) {
     uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
     uint64_t step = delay / 4;
-    sleep_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
+    wait_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
     atomic_store(&wanted, 0);
     if (purge_pass()) continue;
     /* Nothing pending: sleep until something is scheduled. */
     pthread_mutex_lock(&wait_lock);
     atomic_store(&idle, 1);
-    while (!atomic_load(&wanted)) pthread_cond_wait(&wait_cond, &wait_lock);
+    while (!atomic_load(&wanted) && atomic_load(&unmaps) == NULL)
+      pthread_cond_wait(&wait_cond, &wait_lock);
     atomic_store(&idle, 0);
     pthread_mutex_unlock(&wait_lock);
   }
@@ -61,6 +113,14 @@ void hak_purge_wake(void) {
   }
 }
 
+static void init_wait_cond(void) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&wait_cond, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
 void hak_purge_start(void) {
   if (HAK_LIKELY(atomic_load_explicit(&started, memory_order_relaxed)) ||
       !atomic_load_explicit(&wanted, memory_order_relaxed) || !hak_opt.purge_thread ||
@@ -68,6 +128,7 @@ void hak_purge_start(void) {
     return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&started, &expected, 1)) return;
+  init_wait_cond();
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -83,7 +144,8 @@ void hak_purge_fork_child(void) {
   /* the thread did not come along: the child starts its own when needed */
   pthread_mutex_init(&pass_lock, NULL);
   pthread_mutex_init(&wait_lock, NULL);
-  pthread_cond_init(&wait_cond, NULL);
   atomic_store(&started, 0);
+  atomic_store(&running, 0);
   atomic_store(&idle, 0);
+  drain();
 }

@@ -71,7 +71,7 @@ static void segment_unmap(hak_segment_t *seg) {
   for (unsigned i = 0; i < seg->slab_count; i++) /* unmap counts them again */
     if (seg->slabs[i].purged) HAK_STAT_ADD(committed, hak_slab_bytes(seg, &seg->slabs[i]));
   HAK_STAT_SUB(segments, 1);
-  hak_os_unmap(seg, HAK_SEG_SIZE);
+  if (!hak_purge_unmap_later(seg, HAK_SEG_SIZE)) hak_os_unmap(seg, HAK_SEG_SIZE);
 }
 
 static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next);
