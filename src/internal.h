@@ -254,9 +254,14 @@ void hak_stats_write_records(int fd);
 /* ---- purge.c: the background purger ---- */
 /* Something will need purging after the delay: make sure the purger runs. */
 void hak_purge_wake(void);
+extern _Atomic int hak_purge_started, hak_purge_running;
+void hak_purge_start_slow(void);
 /* Starts the purger thread if it was asked for and is not running; called
  * only where no lock is held. */
-void hak_purge_start(void);
+HAK_INLINE void hak_purge_start(void) {
+  if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
+    hak_purge_start_slow();
+}
 /* Hands a mapping to the purger thread to unmap; false (nothing done) if
  * it is not running. */
 bool hak_purge_unmap_later(void *p, size_t size);

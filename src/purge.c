@@ -7,8 +7,8 @@
 #include <signal.h>
 #include <time.h>
 
-static _Atomic int started;  /* the thread exists (or is being created) */
-static _Atomic int running;  /* the thread exists and takes unmaps */
+_Atomic int hak_purge_started; /* the thread exists (or is being created) */
+_Atomic int hak_purge_running; /* the thread exists: it purges and unmaps */
 static _Atomic int wanted;   /* something was scheduled since the last pass */
 static _Atomic int idle;     /* the thread waits for `wanted` */
 static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -43,7 +43,7 @@ void hak_purge_drain(void) {
 }
 
 bool hak_purge_unmap_later(void *p, size_t size) {
-  if (!atomic_load_explicit(&running, memory_order_acquire)) return false;
+  if (!atomic_load_explicit(&hak_purge_running, memory_order_acquire)) return false;
   hak_unmap_t *u = p;
   u->size = size;
   u->next = atomic_load_explicit(&unmaps, memory_order_relaxed);
@@ -85,7 +85,7 @@ static void *purge_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's */
-  atomic_store_explicit(&running, 1, memory_order_release);
+  atomic_store_explicit(&hak_purge_running, 1, memory_order_release);
   for (;;) {
     uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
     uint64_t step = delay / 4;
@@ -121,20 +121,19 @@ static void init_wait_cond(void) {
   pthread_condattr_destroy(&ca);
 }
 
-void hak_purge_start(void) {
-  if (HAK_LIKELY(atomic_load_explicit(&started, memory_order_relaxed)) ||
-      !atomic_load_explicit(&wanted, memory_order_relaxed) || !hak_opt.purge_thread ||
+void hak_purge_start_slow(void) {
+  if (!atomic_load_explicit(&wanted, memory_order_relaxed) || !hak_opt.purge_thread ||
       hak_opt.purge_delay_ms == 0)
     return;
   int expected = 0;
-  if (!atomic_compare_exchange_strong(&started, &expected, 1)) return;
+  if (!atomic_compare_exchange_strong(&hak_purge_started, &expected, 1)) return;
   init_wait_cond();
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 64 * 1024);
   pthread_t t;
-  if (pthread_create(&t, &attr, purge_main, NULL) != 0) atomic_store(&started, 0);
+  if (pthread_create(&t, &attr, purge_main, NULL) != 0) atomic_store(&hak_purge_started, 0);
   pthread_attr_destroy(&attr);
 }
 
@@ -144,8 +143,8 @@ void hak_purge_fork_child(void) {
   /* the thread did not come along: the child starts its own when needed */
   pthread_mutex_init(&pass_lock, NULL);
   pthread_mutex_init(&wait_lock, NULL);
-  atomic_store(&started, 0);
-  atomic_store(&running, 0);
+  atomic_store(&hak_purge_started, 0);
+  atomic_store(&hak_purge_running, 0);
   atomic_store(&idle, 0);
   drain();
 }

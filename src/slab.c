@@ -178,8 +178,11 @@ static void heap_revive_full(hak_heap_t *heap) {
 static bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
+  /* Purges are the purger thread's job; without it, refills do them. */
   uint64_t purge_at = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED);
-  if (HAK_UNLIKELY(purge_at != 0) && hak_clock_ms() >= purge_at) {
+  if (HAK_UNLIKELY(purge_at != 0) &&
+      !atomic_load_explicit(&hak_purge_running, memory_order_relaxed) &&
+      hak_clock_ms() >= purge_at) {
     pthread_mutex_lock(&heap->lock);
     hak_segment_purge(heap, false);
     pthread_mutex_unlock(&heap->lock);
