@@ -12,8 +12,9 @@ const uint32_t hak_class_size[HAK_CLASSES] = {
   81920, 98304, 114688, 131072, 163840, 196608, 229376, 262144,
 };
 
-/* Class of a size <= 32 KiB, indexed by (size + 15) / 16: the malloc fast
- * path serves every small and mid size with one lookup. */
+/* Class of a size <= 256 KiB, indexed by (size + 15) / 16: the malloc fast
+ * path serves every slab size with one lookup (16 KiB, of which a program
+ * touches the lines of the sizes it uses). */
 const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1] = {
 #include "class_table.inc"
 };

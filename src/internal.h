@@ -45,12 +45,8 @@ extern const uint32_t hak_class_size[HAK_CLASSES];
 extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 
 /* Class of a size <= HAK_BIG_MAX. */
-HAK_INLINE size_t hak_size_class(size_t size) {
-  if (size <= HAK_FAST_MAX) return hak_fast_class[(size + 15) >> 4];
-  size_t s = size - 1;
-  unsigned e = 63 - (unsigned)__builtin_clzl(s);
-  return HAK_SMALL_CLASSES + (e - 10) * 4 + ((s >> (e - 2)) & 3);
-}
+_Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
+HAK_INLINE size_t hak_size_class(size_t size) { return hak_fast_class[(size + 15) >> 4]; }
 HAK_INLINE unsigned hak_class_kind(size_t cls) {
   size_t bs = hak_class_size[cls];
   return bs <= HAK_SMALL_MAX ? HAK_KIND_SMALL : bs <= HAK_MID_MAX ? HAK_KIND_MID : HAK_KIND_BIG;

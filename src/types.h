@@ -60,7 +60,7 @@ enum {
  * steps per doubling, <= 12.5% waste) and 32 mid classes (4 per doubling up
  * to 256 KiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
-#define HAK_FAST_MAX ((size_t)32768) /* sizes the malloc fast path serves */
+#define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
 #define HAK_MID_MAX ((size_t)32768)
 #define HAK_BIG_MAX ((size_t)262144)
 #define HAK_SMALL_CLASSES 32
