@@ -59,6 +59,15 @@ void hak_os_unmap(void *p, size_t size);
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
 void hak_os_guard(void *p, size_t size);  /* PROT_NONE */
+void hak_os_unguard(void *p, size_t size); /* back to read/write */
+/* Address space only (counted as mapped when used), aligned to align.
+ * NULL on failure. */
+void *hak_os_reserve(size_t size, size_t align);
+/* MADV_DONTNEED, and the range no longer counts as mapped. */
+void hak_os_decommit(void *p, size_t size);
+/* Moves size bytes of pages to target (replacing what is there) and maps
+ * the old range again, empty; false (nothing done) on failure. */
+bool hak_os_move(void *old, size_t size, void *target);
 /* mremap: in place when target is NULL, else moved to target (replacing
  * what is mapped there); NULL on failure. */
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);

@@ -1,58 +1,240 @@
-/* Large blocks (> 256 KiB or alignment > 4 KiB): one segment-aligned
- * mapping each, header first, block one page (or one alignment) later.
- * Freed blocks wait in a small cache for reuse and are unmapped once they
- * have been idle for the purge delay. Resizing uses mremap. */
+/* Large blocks (> 256 KiB or alignment > 4 KiB). Each starts one page (or
+ * its alignment) after a header at a segment boundary, so free finds the
+ * header as for slab blocks.
+ *
+ * They are carved from an arena: a reserved range of address space counted
+ * in segment-sized chunks. A freed block leaves its chunks free but still
+ * committed, for any later block that fits: adjacent free chunks form one
+ * run, a run longer than needed is split, and a block grows in place into
+ * free chunks after it. A free chunk is purged once it has been idle for
+ * the purge delay, or sooner when free committed chunks exceed
+ * HAKMEM_LARGE_CACHE_MB. A block the arena cannot hold (alignment above a
+ * segment, or no room) gets a mapping of its own, unmapped when freed. */
 #define _GNU_SOURCE
 #include "internal.h"
 
 pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
-static hak_segment_t *cache; /* most recently freed first */
-static size_t cache_bytes;
+
+#define ARENA_CHUNKS ((size_t)16384) /* 64 GiB of address space */
+#define ARENA_MAX_BLOCK (ARENA_CHUNKS / 4 * HAK_SEG_SIZE)
+
+/* Chunk states, all under hak_large_lock. */
+enum {
+  CH_FRESH = 0, /* free, memory zero (never used or purged) */
+  CH_DIRTY,     /* free, memory committed (freed_ms says since when) */
+  CH_HEAD,      /* first chunk of a block: its header */
+  CH_BODY,      /* further chunks of a block */
+};
+
+static uint8_t *arena; /* NULL until the first large block */
+static bool arena_failed;
+static uint8_t chunk[ARENA_CHUNKS];
+static uint64_t freed_ms[ARENA_CHUNKS];
+/* Bytes of a chunk that may be committed: the most any block has used of
+ * it since its last purge. */
+static uint32_t dirt[ARENA_CHUNKS];
+static size_t high; /* chunks [0, high) have been used */
+static size_t dirty_bytes;
 
 static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
-
-/* At once, not by the purger as segments are: a big munmap on another
- * thread contends with this thread's page faults for the next block
- * (`large` ran 10% slower that way). */
-static void large_unmap(hak_segment_t *seg) {
-  hak_segmap_set(seg, false);
-  hak_os_unmap(seg, seg->map_size);
+static size_t chunks_of(size_t map_size) { return (map_size + HAK_SEG_MASK) >> HAK_SEG_SHIFT; }
+static uint8_t *chunk_addr(size_t i) { return arena + (i << HAK_SEG_SHIFT); }
+static size_t chunk_index(const void *p) { return (size_t)((const uint8_t *)p - arena) >> HAK_SEG_SHIFT; }
+static bool in_arena(const void *p) {
+  return arena != NULL && (const uint8_t *)p >= arena &&
+         (const uint8_t *)p < arena + ARENA_CHUNKS * HAK_SEG_SIZE;
 }
 
-static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map);
+/* Only the fields and slabs[0] of a large header are used: the rest of
+ * the struct would overlap the block (or the guard page). */
+static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool fresh) {
+  s->kind = HAK_KIND_LARGE;
+  s->slab_shift = 63;
+  s->slab_count = 1;
+  s->map_size = map_size;
+  s->large_offset = offset;
+  s->fresh = fresh; /* slabs[0].owner stays NULL: frees go slow */
+  hak_segmap_set(s, true);
+}
 
-/* Reuses cached pages (no page faults for them): the smallest cached
- * mapping that fits, used as it is up to twice the size; or else the
- * largest smaller one, grown in place or moved. A mapping more than twice
- * the size stays cached for a big request: trimming it would throw away
- * pages. NULL when nothing suits. */
-static hak_segment_t *cache_take(size_t map_size) {
-  hak_segment_t *fit = NULL, *smaller = NULL, **fit_pp = NULL, **smaller_pp = NULL;
-  pthread_mutex_lock(&hak_large_lock);
-  for (hak_segment_t **pp = &cache; *pp; pp = &(*pp)->next) {
-    size_t m = (*pp)->map_size;
-    if (m >= map_size && m / 2 <= map_size && (!fit || m < fit->map_size)) {
-      fit = *pp;
-      fit_pp = pp;
-    }
-    if (m < map_size && (!smaller || m > smaller->map_size)) {
-      smaller = *pp;
-      smaller_pp = pp;
-    }
+static bool arena_init(void) {
+  if (arena != NULL || arena_failed) return arena != NULL;
+  uint8_t *a = hak_os_reserve(ARENA_CHUNKS * HAK_SEG_SIZE, HAK_SEG_SIZE);
+  if (a != NULL && !hak_segmap_usable(a + (ARENA_CHUNKS - 1) * HAK_SEG_SIZE)) a = NULL;
+  arena_failed = a == NULL;
+  arena = a;
+  return a != NULL;
+}
+
+static void dirty_add(size_t n, bool on) {
+  if (on) {
+    dirty_bytes += n;
+    HAK_STAT_ADD(large_cached, n);
+  } else {
+    dirty_bytes -= n;
+    HAK_STAT_SUB(large_cached, n);
   }
-  hak_segment_t *seg = fit ? fit : smaller;
-  if (seg) {
-    *(fit ? fit_pp : smaller_pp) = seg->next;
-    cache_bytes -= seg->map_size;
-    HAK_STAT_SUB(large_cached, seg->map_size);
+}
+
+/* Chunks [i, i + n) become part of a block (a head if first). A fresh chunk
+ * starts counting as mapped. False if any of them was committed. */
+static bool chunks_claim(size_t i, size_t n, bool first) {
+  bool fresh = true;
+  for (size_t k = i; k < i + n; k++) {
+    if (chunk[k] == CH_DIRTY) {
+      dirty_add(dirt[k], false);
+      fresh = false;
+    } else {
+      hak_stats_mapped(HAK_SEG_SIZE, true);
+    }
+    chunk[k] = first && k == i ? CH_HEAD : CH_BODY;
+    if (k != i || !first) hak_segmap_set((hak_segment_t *)chunk_addr(k), false);
+  }
+  if (i + n > high) high = i + n;
+  return fresh;
+}
+
+/* Chunks [i, i + n) are free again, their pages kept; `used` bytes from
+ * chunk i on were in the block. A head's segment map bit stays until the
+ * purge, so that freeing the block again is reported as a double free. */
+static void chunks_release(size_t i, size_t n, size_t used) {
+  uint64_t now = hak_clock_ms();
+  for (size_t k = i; k < i + n; k++) {
+    size_t u = used < HAK_SEG_SIZE ? used : HAK_SEG_SIZE;
+    used -= u;
+    if (u > dirt[k]) dirt[k] = (uint32_t)u;
+    chunk[k] = CH_DIRTY;
+    freed_ms[k] = now;
+    dirty_add(dirt[k], true);
+  }
+}
+
+/* The smallest run of free chunks that holds n (the lowest on a tie), or
+ * else the run at the end of the used part, extended; SIZE_MAX if there
+ * is no room. */
+static size_t arena_find(size_t n) {
+  size_t best = SIZE_MAX, best_len = SIZE_MAX, tail = high;
+  for (size_t i = 0; i < high;) {
+    if (chunk[i] >= CH_HEAD) {
+      i += chunk[i] == CH_HEAD ? chunks_of(((hak_segment_t *)chunk_addr(i))->map_size) : 1;
+      continue;
+    }
+    size_t j = i;
+    while (j < high && chunk[j] <= CH_DIRTY) j++;
+    if (j == high) tail = i;
+    if (j - i >= n && j - i < best_len) {
+      best = i;
+      best_len = j - i;
+      if (best_len == n) break;
+    }
+    i = j;
+  }
+  if (best != SIZE_MAX) return best;
+  return tail + n <= ARENA_CHUNKS ? tail : SIZE_MAX;
+}
+
+/* Purges free chunks idle for the delay (all if force, and those freed
+ * at or before `older` in any case); true while some stay committed. */
+static bool arena_purge_locked(bool force, uint64_t older) {
+  uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
+  for (size_t i = 0; i < high;) {
+    if (chunk[i] != CH_DIRTY ||
+        !(force || now - freed_ms[i] >= delay || freed_ms[i] <= older)) {
+      i++;
+      continue;
+    }
+    size_t j = i;
+    while (j < high && chunk[j] == CH_DIRTY &&
+           (force || now - freed_ms[j] >= delay || freed_ms[j] <= older)) {
+      chunk[j] = CH_FRESH;
+      hak_segmap_set((hak_segment_t *)chunk_addr(j), false);
+      dirty_add(dirt[j], false);
+      dirt[j] = 0;
+      j++;
+    }
+    hak_os_decommit(chunk_addr(i), (j - i) << HAK_SEG_SHIFT);
+    i = j;
+  }
+  return dirty_bytes != 0;
+}
+
+/* Keeps free committed chunks within HAKMEM_LARGE_CACHE_MB, purging the
+ * longest idle first. */
+static void arena_trim_locked(void) {
+  size_t limit = (size_t)hak_opt.large_cache_mb << 20;
+  while (dirty_bytes > limit) {
+    uint64_t oldest = UINT64_MAX;
+    for (size_t i = 0; i < high; i++)
+      if (chunk[i] == CH_DIRTY && freed_ms[i] < oldest) oldest = freed_ms[i];
+    arena_purge_locked(false, oldest);
+  }
+}
+
+static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
+  size_t n = chunks_of(map_size);
+  hak_segment_t *seg = NULL;
+  pthread_mutex_lock(&hak_large_lock);
+  if (arena_init()) {
+    size_t i = arena_find(n);
+    if (i != SIZE_MAX) {
+      bool fresh = chunks_claim(i, n, true);
+      seg = (hak_segment_t *)chunk_addr(i);
+      header_init(seg, map_size, offset, fresh);
+    }
   }
   pthread_mutex_unlock(&hak_large_lock);
-  if (seg == NULL || seg == fit) return seg;
-  hak_segment_t *r = large_resize(seg, map_size);
-  if (r == NULL) large_unmap(seg);
+  return seg;
+}
+
+/* Resizes an arena block to new_map bytes: in place when it shrinks or the
+ * chunks after it are free, else its pages move to a free run. NULL (and
+ * nothing changed) when there is no room. */
+static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
+  size_t i = chunk_index(seg), n = chunks_of(seg->map_size), m = chunks_of(new_map);
+  hak_segment_t *r = seg;
+  pthread_mutex_lock(&hak_large_lock);
+  if (m <= n) {
+    if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << HAK_SEG_SHIFT));
+    seg->map_size = new_map;
+    arena_trim_locked();
+    goto out;
+  }
+  bool room = i + m <= ARENA_CHUNKS;
+  for (size_t k = i + n; room && k < i + m; k++) room = k >= high || chunk[k] <= CH_DIRTY;
+  if (room) {
+    chunks_claim(i + n, m - n, false);
+    seg->map_size = new_map;
+    goto out;
+  }
+  size_t j = arena_find(m);
+  r = NULL;
+  if (j == SIZE_MAX) goto out;
+  chunks_claim(j, m, true);
+  hak_segment_t *dst = (hak_segment_t *)chunk_addr(j);
+  if (!hak_os_move(seg, n << HAK_SEG_SHIFT, dst)) { /* e.g. a guard page split the range */
+    chunks_release(j, m, 0);
+    goto out;
+  }
+  /* the old range is mapped again, empty; the pages moved keep their dirt */
+  for (size_t k = 0; k < m; k++) {
+    uint32_t d = k < n ? dirt[i + k] : 0;
+    if (d > dirt[j + k]) dirt[j + k] = d;
+  }
+  for (size_t k = i; k < i + n; k++) {
+    chunk[k] = CH_FRESH;
+    dirt[k] = 0;
+  }
+  hak_segmap_set(seg, false);
+  hak_stats_mapped(n << HAK_SEG_SHIFT, false);
+  dst->map_size = new_map;
+  hak_segmap_set(dst, true);
+  r = dst;
+out:
+  pthread_mutex_unlock(&hak_large_lock);
   return r;
 }
 
+/* A mapping of its own, for what the arena cannot hold. */
 static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
   uint8_t *seg;
   if (align <= HAK_SEG_SIZE) {
@@ -74,18 +256,13 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     hak_os_unmap(seg, map_size);
     return NULL;
   }
-  /* Only the fields and slabs[0] of the header are used here: the rest of
-   * the struct would overlap the block (or the guard page). */
-  hak_segment_t *s = (hak_segment_t *)seg;
-  if (HAK_GUARD_PAGES) hak_os_guard(seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
-  s->kind = HAK_KIND_LARGE;
-  s->slab_shift = 63;
-  s->slab_count = 1;
-  s->map_size = map_size;
-  s->large_offset = offset;
-  s->fresh = 1; /* slabs[0].owner stays NULL: frees go slow */
-  hak_segmap_set(s, true);
-  return s;
+  header_init((hak_segment_t *)seg, map_size, offset, true);
+  return (hak_segment_t *)seg;
+}
+
+static void large_unmap(hak_segment_t *seg) {
+  hak_segmap_set(seg, false);
+  hak_os_unmap(seg, seg->map_size);
 }
 
 void *hak_large_alloc(size_t size, size_t align, bool zero) {
@@ -101,14 +278,14 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
                   : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
-  hak_segment_t *seg = offset == HAK_LARGE_OFFSET ? cache_take(map_size) : NULL;
+  hak_segment_t *seg = NULL;
+  if (align <= HAK_SEG_SIZE && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
+  if (seg == NULL) seg = large_map(map_size, align, offset);
   if (seg == NULL) {
-    seg = large_map(map_size, align, offset);
-    if (seg == NULL) {
-      errno = ENOMEM;
-      return NULL;
-    }
+    errno = ENOMEM;
+    return NULL;
   }
+  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
   seg->large_size = seg->map_size - offset;
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_ACTIVE);
   HAK_STAT_ADD(large_live, 1);
@@ -122,29 +299,9 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
 }
 
 bool hak_large_cache_collect(bool force) {
-  uint64_t now = hak_clock_ms();
-  hak_segment_t *expired = NULL;
   pthread_mutex_lock(&hak_large_lock);
-  for (hak_segment_t **pp = &cache; *pp;) {
-    hak_segment_t *s = *pp;
-    if (force || now - s->cached_since_ms >= (uint64_t)hak_opt.purge_delay_ms ||
-        cache_bytes > (size_t)hak_opt.large_cache_mb << 20) {
-      *pp = s->next;
-      cache_bytes -= s->map_size;
-      HAK_STAT_SUB(large_cached, s->map_size);
-      s->next = expired;
-      expired = s;
-    } else {
-      pp = &s->next;
-    }
-  }
-  bool pending = cache != NULL;
+  bool pending = arena_purge_locked(force, 0);
   pthread_mutex_unlock(&hak_large_lock);
-  while (expired) {
-    hak_segment_t *s = expired;
-    expired = s->next;
-    large_unmap(s);
-  }
   return pending;
 }
 
@@ -152,29 +309,26 @@ void hak_large_free(hak_segment_t *seg) {
   HAK_STAT_SUB(large_live, 1);
   HAK_STAT_SUB(large_bytes, seg->large_size);
   HAK_CSTAT_FREE(HAK_CLASSES);
-  size_t limit = (size_t)hak_opt.large_cache_mb << 20;
-  if (seg->large_offset != HAK_LARGE_OFFSET || hak_opt.purge_delay_ms == 0 ||
-      seg->map_size > limit / 2) {
+  if (!in_arena(seg)) {
     large_unmap(seg);
     return;
   }
-  seg->cached_since_ms = hak_clock_ms();
+  if (HAK_GUARD_PAGES) /* the chunks may hold any block next */
+    hak_os_unguard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
-  seg->next = cache;
-  cache = seg;
-  cache_bytes += seg->map_size;
-  HAK_STAT_ADD(large_cached, seg->map_size);
+  chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size);
+  if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0);
+  else arena_trim_locked();
   pthread_mutex_unlock(&hak_large_lock);
-  hak_large_cache_collect(false); /* expire old ones, enforce the limit */
   hak_purge_wake();
   hak_purge_start();
 }
 
-/* Resizes a large block's mapping to new_map bytes without copying: the
- * tail is unmapped, or the mapping grows in place, or its pages move to a
- * new segment-aligned range. Returns the (maybe moved) segment, or NULL
- * with seg unchanged. */
+/* Resizes a mapping of its own to new_map bytes without copying: the tail
+ * is unmapped, or the mapping grows in place, or its pages move to a new
+ * segment-aligned range. Returns the (maybe moved) segment, or NULL with
+ * seg unchanged. */
 static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   size_t old_map = seg->map_size;
   if (new_map <= old_map) {
@@ -209,23 +363,27 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
 }
 
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
-  size_t offset = seg->large_offset;
-  if (size <= seg->large_size && size >= seg->large_size / 2) return p;
-  /* Growing moves or extends the pages; shrinking copies into a smaller
-   * (often cached) block, so this mapping's pages are cached, not lost. */
-  if (offset == HAK_LARGE_OFFSET && size > seg->large_size &&
-      size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
-    size_t old_size = seg->large_size;
-    hak_segment_t *r = large_resize(seg, page_up(offset + size));
-    if (r != NULL) {
-      r->large_size = r->map_size - offset;
-      HAK_STAT_ADD(large_bytes, r->large_size - old_size);
-      return (uint8_t *)r + offset;
+  size_t offset = seg->large_offset, old_size = seg->large_size;
+  if (size <= old_size && size >= old_size / 2) return p;
+  hak_segment_t *r = NULL;
+  if (size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
+    size_t new_map = page_up(offset + size);
+    if (in_arena(seg)) {
+      if (new_map <= ARENA_MAX_BLOCK) r = arena_resize(seg, new_map);
+    } else if (offset == HAK_LARGE_OFFSET && size > old_size) {
+      /* shrinking copies into a smaller block instead */
+      r = large_resize(seg, new_map);
     }
+  }
+  if (r != NULL) {
+    r->large_size = r->map_size - offset;
+    HAK_STAT_ADD(large_bytes, r->large_size);
+    HAK_STAT_SUB(large_bytes, old_size);
+    return (uint8_t *)r + offset;
   }
   void *q = hak_malloc_inline(size);
   if (q == NULL) return NULL;
-  memcpy(q, p, size < seg->large_size ? size : seg->large_size);
+  memcpy(q, p, size < old_size ? size : old_size);
   hak_free_inline(p);
   return q;
 }

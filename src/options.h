@@ -20,13 +20,14 @@
     "stops calling malloc (1); 0 purges only during allocation.")              \
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
     "Free 4 MiB segments kept mapped for reuse (their memory is purged).")     \
-  X(large_cache_mb, "LARGE_CACHE_MB", 64, 0, 65536,                            \
-    "Megabytes of freed large blocks (> 256 KiB) kept for reuse.")
+  X(large_cache_mb, "LARGE_CACHE_MB", 128, 0, 65536,                           \
+    "Megabytes of freed large blocks' memory (> 256 KiB) kept committed for "  \
+    "reuse; beyond it, the longest idle is purged at once.")
 
 /* Profiles set these defaults; an explicitly set variable wins. */
 #define HAK_PROFILES(X)                                                        \
-  X("balanced", 500, 8, 64, "The default: short purge delay, moderate caches.")  \
-  X("throughput", 5000, 32, 256, "Long purge delay and large caches: fewest syscalls.") \
+  X("balanced", 500, 8, 128, "The default: short purge delay, moderate caches.") \
+  X("throughput", 5000, 32, 512, "Long purge delay and large caches: fewest syscalls.") \
   X("lowmem", 0, 0, 0, "Return memory at once; no caches.")
 
 /* Options whose value is text: X(field, NAME, default, doc). */

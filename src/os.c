@@ -48,6 +48,13 @@ void hak_os_purge(void *p, size_t size) {
   HAK_STAT_SUB(committed, size);
 }
 
+void hak_os_decommit(void *p, size_t size) {
+  if (size == 0) return;
+  madvise(p, size, MADV_DONTNEED);
+  HAK_STAT_ADD(purges, 1);
+  hak_stats_mapped(size, false);
+}
+
 void hak_os_guard(void *p, size_t size) {
   if (mprotect(p, size, PROT_NONE) != 0)
     hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
@@ -86,6 +93,31 @@ static size_t proc_status_kib(const char *field) {
 
 size_t hak_os_rss(void) { return proc_status_kib("VmRSS:"); }
 size_t hak_os_rss_peak(void) { return proc_status_kib("VmHWM:"); }
+
+void *hak_os_reserve(size_t size, size_t align) {
+  size_t over = size + align;
+  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (p > raw) munmap(raw, (size_t)(p - raw));
+  if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
+  return p;
+}
+
+bool hak_os_move(void *old, size_t size, void *target) {
+  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) return false;
+  /* the range left behind is mapped again, empty */
+  if (mmap(old, size, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+    hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", old, size, errno);
+  return true;
+}
+
+void hak_os_unguard(void *p, size_t size) {
+  if (mprotect(p, size, PROT_READ | PROT_WRITE) != 0)
+    hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
+}
 
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {
   void *p = target ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target)

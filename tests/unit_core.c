@@ -130,6 +130,74 @@ static void start_purger(void) {
   hak_purge_start();
 }
 
+/* ---- large blocks: the arena ---- */
+
+TEST(freed_large_block_pages_serve_a_smaller_one) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t big = (size_t)20 << 20, small = (size_t)5 << 20;
+  uint8_t *a = malloc(big);
+  REQUIRE(a != NULL);
+  memset(a, 1, big);
+  free(a);
+  uint8_t *b = malloc(small);
+  CHECK(b == a); /* the smallest free run that fits, split */
+  unsigned char vec[16];
+  REQUIRE(mincore((void *)((uintptr_t)b & ~(uintptr_t)4095), 16 * 4096, vec) == 0);
+  int resident = 0;
+  for (int i = 0; i < 16; i++) resident += vec[i] & 1;
+  CHECK_MSG(resident == 16, "%d of 16 pages resident: reuse would fault", resident);
+  uint8_t *c = malloc(small); /* the rest of the run, after b's chunks */
+  CHECK(c > b && c < a + big);
+  free(b);
+  free(c);
+}
+
+TEST(adjacent_free_large_blocks_merge) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t sz = (size_t)5 << 20;
+  uint8_t *a = malloc(sz), *b = malloc(sz), *guard = malloc(sz);
+  REQUIRE(a && b && guard);
+  REQUIRE(b == a + 2 * HAK_SEG_SIZE); /* 5 MiB + header: two chunks each */
+  free(a);
+  free(b);
+  uint8_t *c = malloc((size_t)14 << 20); /* needs four chunks: both runs */
+  CHECK(c == a);
+  free(c);
+  free(guard);
+}
+
+TEST(large_realloc_grows_in_place_into_free_chunks) {
+  hak_opt.purge_delay_ms = 100000;
+  uint8_t *a = malloc((size_t)3 << 20), *b = malloc((size_t)3 << 20);
+  REQUIRE(a && b);
+  memset(a, 7, (size_t)3 << 20);
+  free(b);
+  uint8_t *r = realloc(a, (size_t)6 << 20);
+  CHECK(r == a);
+  CHECK(r[0] == 7 && r[((size_t)3 << 20) - 1] == 7);
+  free(r);
+}
+
+TEST(free_large_chunks_are_purged_after_delay) {
+  hak_opt.purge_delay_ms = 50;
+  start_purger();
+  size_t sz = (size_t)8 << 20;
+  uint8_t *a = malloc(sz);
+  REQUIRE(a != NULL);
+  memset(a, 3, sz);
+  size_t cached = atomic_load(&hak_gstats.large_cached);
+  free(a);
+  CHECK(atomic_load(&hak_gstats.large_cached) >= cached + sz);
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
+  unsigned char vec[64];
+  REQUIRE(mincore(a, 64 * 4096, vec) == 0);
+  int resident = 0;
+  for (int i = 0; i < 64; i++) resident += vec[i] & 1;
+  CHECK_MSG(resident == 0, "%d pages still resident", resident);
+  CHECK(atomic_load(&hak_gstats.large_cached) == cached);
+}
+
 TEST(local_free_and_used_count) {
   enum { N = 50 };
   void *ps[N];
