@@ -130,6 +130,29 @@ static void start_purger(void) {
   hak_purge_start();
 }
 
+static int resident_pages(void *start, size_t bytes) {
+  unsigned char vec[256];
+  size_t pages = bytes / 4096;
+  if (pages > sizeof vec || mincore(start, bytes, vec) != 0) return -1;
+  int n = 0;
+  for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+  return n;
+}
+
+/* Three slabs' worth of written 1000-byte blocks, all freed: the first
+ * slab, which went back to its segment. */
+static hak_slab_t *fill_three_slabs_and_free(void) {
+  enum { N = 3 * 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) {
+    ps[i] = malloc(1000);
+    memset(ps[i], 1, 1000);
+  }
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  return first;
+}
+
 /* ---- large blocks: the arena ---- */
 
 TEST(freed_large_block_pages_serve_a_smaller_one) {
@@ -141,10 +164,7 @@ TEST(freed_large_block_pages_serve_a_smaller_one) {
   free(a);
   uint8_t *b = malloc(small);
   CHECK(b == a); /* the smallest free run that fits, split */
-  unsigned char vec[16];
-  REQUIRE(mincore((void *)((uintptr_t)b & ~(uintptr_t)4095), 16 * 4096, vec) == 0);
-  int resident = 0;
-  for (int i = 0; i < 16; i++) resident += vec[i] & 1;
+  int resident = resident_pages((void *)((uintptr_t)b & ~(uintptr_t)4095), 16 * 4096);
   CHECK_MSG(resident == 16, "%d of 16 pages resident: reuse would fault", resident);
   uint8_t *c = malloc(small); /* the rest of the run, after b's chunks */
   CHECK(c > b && c < a + big);
@@ -190,10 +210,7 @@ TEST(free_large_chunks_are_purged_after_delay) {
   CHECK(atomic_load(&hak_gstats.large_cached) >= cached + sz);
   struct timespec ts = {0, 400 * 1000000L};
   nanosleep(&ts, NULL);
-  unsigned char vec[64];
-  REQUIRE(mincore(a, 64 * 4096, vec) == 0);
-  int resident = 0;
-  for (int i = 0; i < 64; i++) resident += vec[i] & 1;
+  int resident = resident_pages(a, 64 * 4096);
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
   CHECK(atomic_load(&hak_gstats.large_cached) == cached);
 }
@@ -287,26 +304,11 @@ TEST(current_slab_stays_through_ping_pong) {
   CHECK(atomic_load(&hak_gstats.slabs_allocated) == taken);
 }
 
-static int resident_pages(void *start, size_t bytes) {
-  unsigned char vec[256];
-  size_t pages = bytes / 4096;
-  if (pages > sizeof vec || mincore(start, bytes, vec) != 0) return -1;
-  int n = 0;
-  for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
-  return n;
-}
 
 TEST(reused_slab_tail_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
-  enum { N = 3 * 64 };
-  void *ps[N];
-  for (int i = 0; i < N; i++) {
-    ps[i] = malloc(1000);
-    memset(ps[i], 1, 1000);
-  }
-  hak_slab_t *first = slab_of_ptr(ps[0]);
-  for (int i = 0; i < N; i++) free(ps[i]);
+  hak_slab_t *first = fill_three_slabs_and_free();
   REQUIRE(first->state == HAK_SLAB_FREE && !first->purged);
   /* a new class takes the lowest free slab: the one just released, whose
    * memory is still committed beyond the blocks carved from it */
@@ -335,33 +337,17 @@ TEST(reused_slab_tail_is_purged_after_delay) {
 
 TEST(freed_slab_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 0;
-  enum { N = 3 * 64 };
-  void *ps[N];
-  for (int i = 0; i < N; i++) {
-    ps[i] = malloc(1000);
-    memset(ps[i], 1, 1000);
-  }
-  hak_slab_t *first = slab_of_ptr(ps[0]);
-  for (int i = 0; i < N; i++) free(ps[i]);
+  hak_slab_t *first = fill_three_slabs_and_free();
   CHECK(first->state == HAK_SLAB_FREE);
   CHECK(first->purged == 1);
-  unsigned char vec[16];
-  hak_segment_t *seg = hak_segment_of_slab(first);
-  uint8_t *start = hak_slab_start(seg, first);
-  CHECK(mincore(start, 16 * 4096, vec) == 0);
-  int resident = 0;
-  for (int i = 0; i < 16; i++) resident += vec[i] & 1;
+  int resident = resident_pages(hak_slab_start(hak_segment_of_slab(first), first), 16 * 4096);
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
 }
 
 TEST(purge_happens_without_further_allocation) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
-  enum { N = 3 * 64 };
-  void *ps[N];
-  for (int i = 0; i < N; i++) ps[i] = malloc(1000);
-  hak_slab_t *first = slab_of_ptr(ps[0]);
-  for (int i = 0; i < N; i++) free(ps[i]);
+  hak_slab_t *first = fill_three_slabs_and_free();
   REQUIRE(first->state == HAK_SLAB_FREE);
   CHECK(first->purged == 0); /* not yet: the delay has not passed */
   struct timespec ts = {0, 400 * 1000000L};
