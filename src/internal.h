@@ -98,8 +98,11 @@ HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
   if (HAK_UNLIKELY(!hak_segmap_has(p))) return NULL;
   return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
 }
+/* p & HAK_SEG_MASK is p's offset from its segment, except for a large
+ * block aligned to 4 MiB (its header is in the chunk before): 0, which
+ * maps to slab 0 all the same. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
-  return &seg->slabs[((uintptr_t)p - (uintptr_t)seg) >> seg->slab_shift];
+  return seg->unit_slab[((uintptr_t)p & HAK_SEG_MASK) >> HAK_SMALL_SLAB_SHIFT];
 }
 HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
   size_t off = (size_t)slab->index << seg->slab_shift;
@@ -347,9 +350,8 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
 HAK_INLINE void hak_free_inline(void *p) {
   if (HAK_LIKELY(hak_segmap_has(p))) {
     hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
-    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-    hak_slab_t *slab = (hak_slab_t *)((uintptr_t)seg->slabs +
-                                      ((off >> seg->slab_shift) * sizeof(hak_slab_t)));
+    uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
+    hak_slab_t *slab = seg->unit_slab[off >> HAK_SMALL_SLAB_SHIFT];
     hak_block_t *b = (hak_block_t *)p, *head;
     /* Owned and ACTIVE (only then are the other fields ours to read); a
      * block start (interior and misaligned pointers are not a multiple of

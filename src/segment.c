@@ -271,6 +271,7 @@ static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
   seg->slab_count = (uint8_t)(HAK_SEG_SIZE >> seg->slab_shift);
   seg->map_size = HAK_SEG_SIZE;
   unsigned per = HAK_MAX_SLABS / seg->slab_count; /* 64 KiB units per slab */
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) seg->unit_slab[u] = &seg->slabs[u / per];
   for (unsigned i = 0; i < seg->slab_count; i++) {
     hak_slab_t *s = &seg->slabs[i];
     s->index = (uint8_t)i;

@@ -136,7 +136,9 @@ struct hak_segment_s {
   size_t large_size;  /* large: usable bytes */
   size_t large_offset;/* large: block offset from the segment start */
   uint64_t cached_since_ms;
-  uint64_t pad[1];
+  /* The slab of each 64 KiB unit of the segment: free finds a slab with a
+   * constant shift and one load. */
+  hak_slab_t *unit_slab[HAK_MAX_SLABS];
   hak_slab_t slabs[HAK_MAX_SLABS];
 };
 
