@@ -56,7 +56,7 @@ UBSAN_SUITES ?= $(filter-out test_misuse,$(notdir $(UBSAN_TEST_UNIT) $(UBSAN_TES
 
 $(UBSAN_TEST_BIN):
 	mkdir -p $@
-$(UBSAN_TEST_BIN)/test_%: tests/test_%.c tests/harness.h include/hakmem.h $(BUILD)/ubsan/libhakmem.so | $(UBSAN_TEST_BIN)
+$(UBSAN_TEST_BIN)/test_%: tests/test_%.c tests/harness.h tests/blocks.h include/hakmem.h $(BUILD)/ubsan/libhakmem.so | $(UBSAN_TEST_BIN)
 	$(CC) $(TEST_CFLAGS) $(UBSAN_FLAGS) -o $@ $< -L$(BUILD)/ubsan -Wl,-rpath,$(CURDIR)/$(BUILD)/ubsan -lhakmem -lm
 $(UBSAN_TEST_BIN)/unit_%: tests/unit_%.c tests/harness.h $(HDRS) $(BUILD)/ubsan-debug/libhakmem.a | $(UBSAN_TEST_BIN)
 	$(CC) $(TEST_CFLAGS) $(UBSAN_FLAGS) -Isrc -DHAK_DEBUG=1 -DHAK_STATS=1 -o $@ $< $(BUILD)/ubsan-debug/libhakmem.a -lm

@@ -1,6 +1,7 @@
 /* The hak_* prefixed API (include/hakmem.h), C23 free_sized /
  * free_aligned_sized, statistics, hak_collect and hak_version. */
 #include "harness.h"
+#include "blocks.h"
 #include "hakmem.h"
 
 #include <errno.h>
@@ -16,39 +17,6 @@
 void free_sized(void *p, size_t size) __attribute__((weak));
 void free_aligned_sized(void *p, size_t alignment, size_t size) __attribute__((weak));
 
-static size_t opaque(size_t v) {
-  __asm__ volatile("" : "+r"(v));
-  return v;
-}
-static void *launder(void *p) {
-  __asm__ volatile("" : "+r"(p));
-  return p;
-}
-static int aligned_to(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
-static unsigned char pat(size_t i, unsigned seed) {
-  return (unsigned char)(i * 131u + (i >> 8) * 7u + seed * 29u + 1u);
-}
-static void fill(void *p, size_t n, unsigned seed) {
-  unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) b[i] = pat(i, seed);
-}
-static size_t verify(const void *p, size_t n, unsigned seed) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i] != pat(i, seed)) return i;
-  return n;
-}
-static size_t first_nonzero(const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i]) return i;
-  return n;
-}
-static size_t next_size(size_t s) {
-  if (s < 1024) return s + 1;
-  if (s < 64 * 1024) return s + s / 16 + 1;
-  return s + s / 8 + 3;
-}
 /* ---------- hak_malloc / hak_free / hak_usable_size ---------- */
 
 TEST(hak_malloc_aligned_usable_and_writable_0_to_2MiB) {

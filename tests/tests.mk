@@ -17,9 +17,9 @@ TEST_ALL_BINS := $(TEST_UNIT) $(TEST_C) $(TEST_CXX)
 
 $(TEST_BIN):
 	mkdir -p $@
-$(TEST_BIN)/test_%: tests/test_%.c tests/harness.h include/hakmem.h $(BUILD)/libhakmem.so | $(TEST_BIN)
+$(TEST_BIN)/test_%: tests/test_%.c tests/harness.h tests/blocks.h include/hakmem.h $(BUILD)/libhakmem.so | $(TEST_BIN)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(TEST_LINK) -lm -ldl
-$(TEST_BIN)/test_%: tests/test_%.cc tests/harness.h include/hakmem.h $(BUILD)/libhakmem.so | $(TEST_BIN)
+$(TEST_BIN)/test_%: tests/test_%.cc tests/harness.h tests/blocks.h include/hakmem.h $(BUILD)/libhakmem.so | $(TEST_BIN)
 	$(CXX) -std=gnu++17 -O1 -g -Wall -Wextra -pthread -fno-builtin -Iinclude -o $@ $< $(TEST_LINK)
 $(TEST_BIN)/unit_%: tests/unit_%.c tests/harness.h $(HDRS) $(BUILD)/debug/libhakmem.a | $(TEST_BIN)
 	$(CC) $(TEST_CFLAGS) -Isrc -DHAK_DEBUG=1 -DHAK_STATS=1 -o $@ $< $(BUILD)/debug/libhakmem.a -lm

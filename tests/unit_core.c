@@ -123,6 +123,13 @@ TEST(aligned_slab_blocks_are_aligned) {
 
 static hak_slab_t *slab_of_ptr(void *p) { return hak_slab_of(hak_segment_of(p), p); }
 
+/* Runs fn(arg) on a thread of its own, to its exit. */
+static void run_thread(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, fn, arg) == 0);
+  pthread_join(t, NULL);
+}
+
 /* Starting the background purger allocates (pthread_create): tests that
  * watch slab states start it first, so it cannot reuse their slabs. */
 static void start_purger(void) {
@@ -248,10 +255,8 @@ TEST(remote_frees_are_collected_by_owner) {
   void *ps[N];
   for (int i = 0; i < N; i++) ps[i] = malloc(200);
   hak_slab_t *slab = slab_of_ptr(ps[0]);
-  pthread_t t;
   batch_t b = {ps, N};
-  pthread_create(&t, NULL, free_batch, &b);
-  pthread_join(t, NULL);
+  run_thread(free_batch, &b);
   size_t on_remote = 0;
   for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next) on_remote++;
   size_t same_slab = 0;
@@ -375,9 +380,7 @@ TEST(full_slab_with_remote_frees_is_revived) {
   hak_slab_t *s0 = slab_of_ptr(ps[0]);
   REQUIRE(s0->state == HAK_SLAB_FULL);
   batch_t b = {ps, 8};
-  pthread_t t;
-  pthread_create(&t, NULL, free_batch, &b);
-  pthread_join(t, NULL);
+  run_thread(free_batch, &b);
   CHECK(atomic_load(&hak_tls_heap->full_remote) == 1);
   /* exhaust the current slab: the refill must reuse s0's blocks */
   int reused = 0;
@@ -422,15 +425,12 @@ static void *alloc_one(void *arg) {
 
 TEST(exited_thread_segments_are_adopted) {
   void *ps[100];
-  pthread_t t;
-  pthread_create(&t, NULL, alloc_and_exit, ps);
-  pthread_join(t, NULL);
+  run_thread(alloc_and_exit, ps);
   hak_segment_t *seg = hak_segment_of(ps[0]);
   CHECK(atomic_load(&seg->heap) == NULL); /* abandoned */
   CHECK(slab_of_ptr(ps[0])->state == HAK_SLAB_ORPHAN);
   void *q;
-  pthread_create(&t, NULL, alloc_one, &q);
-  pthread_join(t, NULL);
+  run_thread(alloc_one, &q);
   CHECK(hak_segment_of(q) == seg); /* the next thread adopted it */
   for (int i = 0; i < 100; i++) free(ps[i]);
   free(q);
@@ -438,9 +438,7 @@ TEST(exited_thread_segments_are_adopted) {
 
 TEST(free_into_exited_threads_segment_takes_it_over) {
   void *ps[100];
-  pthread_t t;
-  pthread_create(&t, NULL, alloc_and_exit, ps);
-  pthread_join(t, NULL);
+  run_thread(alloc_and_exit, ps);
   hak_segment_t *seg = hak_segment_of(ps[0]);
   REQUIRE(atomic_load(&seg->heap) == NULL);
   size_t live = hak_stats_live_blocks();
@@ -466,9 +464,7 @@ TEST(exiting_thread_gives_its_free_lists_back) {
   /* the thread's heap list holds blocks it never handed out: at exit they
    * must go back to their slab, or the slab can never become empty */
   static void *ps[1000];
-  pthread_t t;
-  pthread_create(&t, NULL, alloc_1000_and_exit, ps);
-  pthread_join(t, NULL);
+  run_thread(alloc_1000_and_exit, ps);
   hak_slab_t *last = slab_of_ptr(ps[999]);
   uint32_t handed_out = 0;
   for (int i = 0; i < 1000; i++) handed_out += slab_of_ptr(ps[i]) == last;
@@ -486,13 +482,10 @@ static void *churn_thread(void *arg) {
 
 TEST(thread_churn_reuses_segments) {
   hak_stats_t s0, s1;
-  pthread_t t;
-  pthread_create(&t, NULL, churn_thread, NULL);
-  pthread_join(t, NULL);
+  run_thread(churn_thread, NULL);
   hak_stats_get(&s0);
   for (int i = 0; i < 2000; i++) {
-    pthread_create(&t, NULL, churn_thread, NULL);
-    pthread_join(t, NULL);
+    run_thread(churn_thread, NULL);
   }
   hak_stats_get(&s1);
   CHECK_MSG(s1.segments <= s0.segments + 2, "segments %zu -> %zu", s0.segments, s1.segments);
@@ -501,19 +494,15 @@ TEST(thread_churn_reuses_segments) {
 TEST(live_block_count_returns_to_zero) {
   /* glibc's pthread_create allocates (the thread's DTV, kept with its
    * cached stack): start one first so the baseline includes it */
-  pthread_t w;
   batch_t none = {NULL, 0};
-  pthread_create(&w, NULL, free_batch, &none);
-  pthread_join(w, NULL);
+  run_thread(free_batch, &none);
   start_purger();
   size_t base = hak_stats_live_blocks();
   void *ps[1000];
   for (int i = 0; i < 1000; i++) ps[i] = malloc((size_t)(i * 97) % 300000 + 1);
   CHECK(hak_stats_live_blocks() == base + 1000);
-  pthread_t t;
   batch_t b = {ps, 500};
-  pthread_create(&t, NULL, free_batch, &b);
-  pthread_join(t, NULL);
+  run_thread(free_batch, &b);
   for (int i = 500; i < 1000; i++) free(ps[i]);
   CHECK_MSG(hak_stats_live_blocks() == base, "live %zu, base %zu", hak_stats_live_blocks(), base);
 }
@@ -528,13 +517,10 @@ static void *free_others(void *arg) {
 TEST(thread_churn_with_cross_frees_leaks_nothing) {
   start_purger();
   void *slot = malloc(64);
-  pthread_t t;
-  pthread_create(&t, NULL, free_others, &slot); /* warm glibc's stack cache */
-  pthread_join(t, NULL);
+  run_thread(free_others, &slot); /* warm glibc's stack cache */
   size_t base = hak_stats_live_blocks();
   for (int i = 0; i < 3000; i++) {
-    pthread_create(&t, NULL, free_others, &slot);
-    pthread_join(t, NULL);
+    run_thread(free_others, &slot);
   }
   CHECK_MSG(hak_stats_live_blocks() == base, "live %zu, base %zu", hak_stats_live_blocks(), base);
   free(slot);
