@@ -16,9 +16,9 @@ BENCH_PY     ?= python3
 
 $(BENCH_BIN):
 	mkdir -p $@
-$(BENCH_BIN)/%.noop: bench/%.c bench/bench_common.h | $(BENCH_BIN)
+$(BENCH_BIN)/%.noop: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -DNOOP_ALLOC -o $@ $< -lm
-$(BENCH_BIN)/%: bench/%.c bench/bench_common.h | $(BENCH_BIN)
+$(BENCH_BIN)/%: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -lm
 
 bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)

@@ -120,6 +120,27 @@ static inline BENCH_UNUSED void bench_span_end(void) {
 }
 static inline BENCH_UNUSED double bench_span(void) { return bench_span_t1 - bench_span_t0; }
 
+/* Runs fn on n threads, thread i getting args + i * stride, and waits for
+ * them. Each worker calls bench_start() first: the threads start together
+ * once all exist. */
+static BENCH_UNUSED pthread_barrier_t bench_start_barrier;
+static inline BENCH_UNUSED void bench_start(void) {
+  pthread_barrier_wait(&bench_start_barrier);
+  bench_span_begin();
+}
+static inline BENCH_UNUSED void bench_run_threads(long n, void *(*fn)(void *), void *args,
+                                                  size_t stride) {
+  pthread_t *tid = bench_xalloc((size_t)n * sizeof *tid);
+  pthread_barrier_init(&bench_start_barrier, NULL, (unsigned)n + 1);
+  for (long t = 0; t < n; t++)
+    if (pthread_create(&tid[t], NULL, fn, (char *)args + (size_t)t * stride))
+      bench_die("pthread_create failed");
+  pthread_barrier_wait(&bench_start_barrier);
+  for (long t = 0; t < n; t++) pthread_join(tid[t], NULL);
+  pthread_barrier_destroy(&bench_start_barrier);
+  bench_xfree(tid, (size_t)n * sizeof *tid);
+}
+
 #ifdef NOOP_ALLOC
 /* Trivial allocator: measures the workload loop only (see top). */
 static char bench_noop_buf[1 << 16] __attribute__((aligned(64)));

@@ -12,56 +12,12 @@
  * the writes ping-pong the line between cores.  ops = threads*iterations*2;
  * the time is dominated by the writes: what matters is the ratio.
  */
-#include "bench_common.h"
+#include "false_sharing.h"
 
 static const char usage[] =
     "usage: cache_thrash [threads [iterations [objsize [repetitions]]]]\n"
     "  defaults: 2 threads, 1000 iterations, 8 B objects, 20000 repetitions\n";
 
-typedef struct {
-  pthread_t tid;
-  long iterations, repetitions;
-  size_t objsize;
-} targ_t;
-
-static pthread_barrier_t start_barrier;
-
-BENCH_NOINLINE static void *bench_work(void *arg) {
-  targ_t *a = arg;
-  pthread_barrier_wait(&start_barrier);
-  bench_span_begin();
-  for (long i = 0; i < a->iterations; i++) {
-    volatile char *p = malloc(a->objsize);
-    if (!p) bench_die("malloc failed");
-    for (long j = 0; j < a->repetitions; j++)
-      for (size_t k = 0; k < a->objsize; k++) p[k] = (char)(p[k] + 1);
-    free((void *)p);
-  }
-  bench_span_end();
-  return NULL;
-}
-
 int main(int argc, char **argv) {
-  if (bench_want_help(argc, argv, usage)) return 0;
-  long threads = bench_arg(argc, argv, 1, 2);
-  long iterations = bench_arg(argc, argv, 2, 1000);
-  long objsize = bench_arg(argc, argv, 3, 8);
-  long reps = bench_arg(argc, argv, 4, 20000);
-  if (threads < 1 || threads > 1024 || iterations < 1 || objsize < 1 || reps < 1) {
-    fputs(usage, stderr);
-    return 2;
-  }
-  targ_t *ta = bench_xalloc((size_t)threads * sizeof *ta);
-  pthread_barrier_init(&start_barrier, NULL, (unsigned)threads + 1);
-  for (long t = 0; t < threads; t++) {
-    ta[t] = (targ_t){.iterations = iterations, .repetitions = reps, .objsize = (size_t)objsize};
-    if (pthread_create(&ta[t].tid, NULL, bench_work, &ta[t])) bench_die("pthread_create failed");
-  }
-  pthread_barrier_wait(&start_barrier);
-  for (long t = 0; t < threads; t++) pthread_join(ta[t].tid, NULL);
-  double t = bench_span();
-  long ops = threads * iterations * 2;
-  printf("cache_thrash threads=%ld iterations=%ld objsize=%ld repetitions=%ld build=%s ops=%ld ops/s=%.0f time_s=%.3f\n",
-         threads, iterations, objsize, reps, BENCH_ALLOC_KIND, ops, ops / t, t);
-  return 0;
+  return false_sharing_main(argc, argv, "cache_thrash", usage, false);
 }

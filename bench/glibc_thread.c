@@ -16,18 +16,14 @@ static const char usage[] =
     "  defaults: 2 threads, 64 B, 5000000 iterations per thread, batch 1\n";
 
 typedef struct {
-  pthread_t tid;
   size_t size;
   long iterations, batch;
 } targ_t;
 
-static pthread_barrier_t start_barrier;
-
 BENCH_NOINLINE static void *bench_work(void *arg) {
   targ_t *a = arg;
   void **v = bench_xalloc((size_t)a->batch * sizeof *v);
-  pthread_barrier_wait(&start_barrier);
-  bench_span_begin();
+  bench_start();
   for (long i = 0; i < a->iterations; i++) {
     for (long j = 0; j < a->batch; j++) {
       char *p = malloc(a->size);
@@ -53,13 +49,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   targ_t *ta = bench_xalloc((size_t)threads * sizeof *ta);
-  pthread_barrier_init(&start_barrier, NULL, (unsigned)threads + 1);
-  for (long t = 0; t < threads; t++) {
+  for (long t = 0; t < threads; t++)
     ta[t] = (targ_t){.size = (size_t)size, .iterations = iterations, .batch = batch};
-    if (pthread_create(&ta[t].tid, NULL, bench_work, &ta[t])) bench_die("pthread_create failed");
-  }
-  pthread_barrier_wait(&start_barrier);
-  for (long t = 0; t < threads; t++) pthread_join(ta[t].tid, NULL);
+  bench_run_threads(threads, bench_work, ta, sizeof *ta);
   double t = bench_span();
   long ops = threads * iterations * batch * 2;
   printf("glibc_thread threads=%ld size=%ld iterations=%ld batch=%ld build=%s ops=%ld ops/s=%.0f time_s=%.3f\n",

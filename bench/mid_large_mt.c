@@ -19,22 +19,18 @@ static const char usage[] =
     "  'big' selects size = (1 << (13 + r%3)) + (r & 0x7FF) (8-34 KiB)\n";
 
 typedef struct {
-  pthread_t tid;
   long cycles;
   uint32_t ws, seed;
   size_t min, max;
   int big;
 } targ_t;
 
-static pthread_barrier_t start_barrier;
-
 BENCH_NOINLINE static void *bench_work(void *arg) {
   targ_t *a = arg;
   void **slot = bench_xalloc(a->ws * sizeof *slot);
   uint32_t s = a->seed;
   size_t span = a->max - a->min + 1;
-  pthread_barrier_wait(&start_barrier);
-  bench_span_begin();
+  bench_start();
   for (long i = 0; i < a->cycles; i++) {
     uint32_t r = xorshift32(&s);
     uint32_t idx = r % a->ws;
@@ -69,14 +65,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   targ_t *ta = bench_xalloc((size_t)threads * sizeof *ta);
-  pthread_barrier_init(&start_barrier, NULL, (unsigned)threads + 1);
-  for (long t = 0; t < threads; t++) {
+  for (long t = 0; t < threads; t++)
     ta[t] = (targ_t){.cycles = cycles, .ws = (uint32_t)ws, .min = (size_t)min, .max = (size_t)max,
                      .big = big, .seed = bench_seed(seed ^ ((uint64_t)(t + 1) * 2654435761u))};
-    if (pthread_create(&ta[t].tid, NULL, bench_work, &ta[t])) bench_die("pthread_create failed");
-  }
-  pthread_barrier_wait(&start_barrier);
-  for (long t = 0; t < threads; t++) pthread_join(ta[t].tid, NULL);
+  bench_run_threads(threads, bench_work, ta, sizeof *ta);
   double t = bench_span();
   long ops = threads * cycles;
   printf("mid_large_mt threads=%ld cycles=%ld ws=%ld seed=%llu size=%s%ld-%ld build=%s ops=%ld ops/s=%.0f time_s=%.3f\n",
