@@ -81,11 +81,11 @@ void *hak_alloc_zero(size_t count, size_t size) {
  * block of this thread's ACTIVE slab passes with free's one-multiply test;
  * anything else gets the full check. */
 static size_t slab_block_size(hak_segment_t *seg, const void *p) {
-  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-  hak_slab_t *slab = hak_slab_of(seg, p);
-  if (!(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
-        hak_slab_is_block(slab, off)))
+  hak_slab_t *slab = hak_own_slab_of_block(seg, p);
+  if (slab == NULL) {
+    slab = hak_slab_of(seg, p);
     hak_check_block(seg, slab, p);
+  }
   return slab->block_size - HAK_CANARY;
 }
 
@@ -117,11 +117,9 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
 void *hak_realloc_impl(void *p, size_t size) {
   hak_segment_t *seg = hak_segment_of(p); /* NULL for NULL */
   if (HAK_LIKELY(seg != NULL && seg->kind != HAK_KIND_LARGE)) {
-    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-    hak_slab_t *slab = hak_slab_of(seg, p);
-    size_t old = slab->block_size - HAK_CANARY;
-    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
-                   hak_slab_is_block(slab, off) && size <= old && size >= old / 2))
+    hak_slab_t *slab = hak_own_slab_of_block(seg, p);
+    if (HAK_LIKELY(slab != NULL && size <= slab->block_size - HAK_CANARY &&
+                   size >= (slab->block_size - HAK_CANARY) / 2))
       return p;
   }
   return realloc_generic(p, size);

@@ -50,7 +50,8 @@ static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
 
 void hak_check_large(hak_segment_t *seg, const void *p) {
   if (HAK_UNLIKELY((const uint8_t *)p != (uint8_t *)seg + seg->large_offset)) hak_invalid_free(p);
-  if (HAK_UNLIKELY(hak_slab_state(&seg->slabs[0]) == HAK_SLAB_FREE)) hak_double_free(p); /* cached */
+  /* freed, its chunks not reused or purged since */
+  if (HAK_UNLIKELY(hak_slab_state(&seg->slabs[0]) == HAK_SLAB_FREE)) hak_double_free(p);
 }
 
 HAK_NOINLINE void hak_free_generic(void *p) {

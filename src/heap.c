@@ -66,22 +66,10 @@ hak_heap_t *hak_heap_get(void) {
   return h;
 }
 
-/* Puts the heap's free lists back onto their slabs. The list head is
- * cleared before the call: with the store after it, gcc 12.2 at -O1 (the
- * debug build) deleted every call to this function. */
-static void heap_return_lists(hak_heap_t *heap) {
-  for (size_t c = 0; c < HAK_CLASSES; c++) {
-    hak_block_t *list = heap->free[c];
-    if (list == NULL) continue;
-    heap->free[c] = NULL;
-    hak_slab_give_back(heap->queue[c].first, list);
-  }
-}
-
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == &hak_heap_empty) return;
   pthread_mutex_lock(&heap->lock);
-  heap_return_lists(heap);
+  for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
@@ -91,7 +79,7 @@ void hak_heap_done(hak_heap_t *heap) {
 void hak_heap_collect(hak_heap_t *heap, bool force) {
   if (heap == &hak_heap_empty) return;
   pthread_mutex_lock(&heap->lock);
-  heap_return_lists(heap);
+  for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
   if (force) hak_segment_reclaim_abandoned(heap);
   for (size_t c = 0; c < HAK_CLASSES; c++) {
     hak_slab_t *s = heap->queue[c].first;

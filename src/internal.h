@@ -58,8 +58,7 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
-void hak_os_guard(void *p, size_t size);  /* PROT_NONE */
-void hak_os_unguard(void *p, size_t size); /* back to read/write */
+void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */
 void *hak_os_reserve(size_t size, size_t align);
@@ -127,6 +126,11 @@ HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
   return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic;
 }
 
+/* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,
+ * only then ours to read without atomics, and p one of its block starts;
+ * else NULL. The test of free's fast path: the slow paths name the fault. */
+HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p);
+
 HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
   return (hak_segment_t *)((uintptr_t)slab & ~HAK_SEG_MASK);
 }
@@ -164,6 +168,9 @@ void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
 void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab);
 /* Refills heap->free[cls]; false when out of memory. */
 bool hak_heap_refill(hak_heap_t *heap, size_t cls);
+/* Puts the heap's list for cls back onto its current slab (the list holds
+ * only that slab's blocks); returns that slab, or NULL. */
+hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls);
 /* Free fast path found used == 0. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab);
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s);
@@ -322,6 +329,15 @@ HAK_INLINE void hak_block_handout(void *b, size_t block_size) {}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 #endif
 
+HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
+  uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
+  hak_slab_t *slab = seg->unit_slab[off >> HAK_SMALL_SLAB_SHIFT];
+  return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
+                 hak_slab_is_block(slab, off)
+             ? slab
+             : NULL;
+}
+
 /* Pops a block of cls from the heap's list, or NULL. */
 HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
   hak_block_t *b = heap->free[cls];
@@ -350,15 +366,12 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
 HAK_INLINE void hak_free_inline(void *p) {
   if (HAK_LIKELY(hak_segmap_has(p))) {
     hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
-    uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
-    hak_slab_t *slab = seg->unit_slab[off >> HAK_SMALL_SLAB_SHIFT];
+    hak_slab_t *slab = hak_own_slab_of_block(seg, p);
     hak_block_t *b = (hak_block_t *)p, *head;
-    /* Owned and ACTIVE (only then are the other fields ours to read); a
-     * block start (interior and misaligned pointers are not a multiple of
-     * the block size); not the block freed just before. Anything else goes
-     * to the generic path, which names the fault. */
-    if (HAK_LIKELY(atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
-                   hak_slab_is_block(slab, off) && (head = slab->local_free) != b)) {
+    /* Ours, a block start (interior and misaligned pointers are not a
+     * multiple of the block size), not the block freed just before.
+     * Anything else goes to the generic path, which names the fault. */
+    if (HAK_LIKELY(slab != NULL && (head = slab->local_free) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
 #if HAK_SECURE
       hak_check_block(seg, slab, p);

@@ -39,7 +39,9 @@ static size_t dirty_bytes;
 static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
 static size_t chunks_of(size_t map_size) { return (map_size + HAK_SEG_MASK) >> HAK_SEG_SHIFT; }
 static uint8_t *chunk_addr(size_t i) { return arena + (i << HAK_SEG_SHIFT); }
-static size_t chunk_index(const void *p) { return (size_t)((const uint8_t *)p - arena) >> HAK_SEG_SHIFT; }
+static size_t chunk_index(const void *p) {
+  return (size_t)((const uint8_t *)p - arena) >> HAK_SEG_SHIFT;
+}
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_CHUNKS * HAK_SEG_SIZE;
@@ -286,7 +288,7 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
-  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
+  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
   seg->large_size = seg->map_size - offset;
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_ACTIVE);
   HAK_STAT_ADD(large_live, 1);
@@ -315,7 +317,7 @@ void hak_large_free(hak_segment_t *seg) {
     return;
   }
   if (HAK_GUARD_PAGES) /* the chunks may hold any block next */
-    hak_os_unguard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
+    hak_os_guard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, false);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
   chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size);

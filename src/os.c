@@ -8,36 +8,40 @@
 #include <time.h>
 #include <unistd.h>
 
-void *hak_os_map(size_t size) {
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
+/* An anonymous mapping of size bytes aligned to align (a power of two,
+ * at least a page), not counted in the statistics; NULL with ENOMEM. */
+static void *map_raw(size_t size, size_t align) {
+  size_t over = size + (align > HAK_PAGE_SIZE ? align : 0); /* then trim both ends */
+  if (over < size) {
     errno = ENOMEM;
     return NULL;
   }
-  hak_stats_mapped(size, true);
+  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (p > raw) munmap(raw, (size_t)(p - raw));
+  if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
   return p;
 }
+
+void *hak_os_map(size_t size) { return hak_os_map_aligned(size, HAK_PAGE_SIZE); }
+
+void *hak_os_map_aligned(size_t size, size_t align) {
+  void *p = map_raw(size, align);
+  if (p != NULL) hak_stats_mapped(size, true);
+  return p;
+}
+
+void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align); }
 
 void hak_os_unmap(void *p, size_t size) {
   if (size == 0) return;
   if (munmap(p, size) != 0) hak_fatal("hakmem: munmap(%p, %zu) failed: errno %d", p, size, errno);
   hak_stats_mapped(size, false);
-}
-
-void *hak_os_map_aligned(size_t size, size_t align) {
-  /* Over-map, then trim both ends to the aligned range. */
-  size_t over = size + align;
-  if (over < size) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  uint8_t *raw = hak_os_map(over);
-  if (raw == NULL) return NULL;
-  uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
-  hak_os_unmap(raw, (size_t)(p - raw));
-  hak_os_unmap(p + size, (size_t)(raw + over - (p + size)));
-  return p;
 }
 
 void hak_os_purge(void *p, size_t size) {
@@ -49,14 +53,12 @@ void hak_os_purge(void *p, size_t size) {
 }
 
 void hak_os_decommit(void *p, size_t size) {
-  if (size == 0) return;
-  madvise(p, size, MADV_DONTNEED);
-  HAK_STAT_ADD(purges, 1);
-  hak_stats_mapped(size, false);
+  hak_os_purge(p, size);
+  HAK_STAT_SUB(mapped, size);
 }
 
-void hak_os_guard(void *p, size_t size) {
-  if (mprotect(p, size, PROT_NONE) != 0)
+void hak_os_guard(void *p, size_t size, bool on) {
+  if (mprotect(p, size, on ? PROT_NONE : PROT_READ | PROT_WRITE) != 0)
     hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
 }
 
@@ -94,17 +96,6 @@ static size_t proc_status_kib(const char *field) {
 size_t hak_os_rss(void) { return proc_status_kib("VmRSS:"); }
 size_t hak_os_rss_peak(void) { return proc_status_kib("VmHWM:"); }
 
-void *hak_os_reserve(size_t size, size_t align) {
-  size_t over = size + align;
-  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return NULL;
-  uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
-  if (p > raw) munmap(raw, (size_t)(p - raw));
-  if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
-  return p;
-}
-
 bool hak_os_move(void *old, size_t size, void *target) {
   if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) return false;
   /* the range left behind is mapped again, empty */
@@ -112,11 +103,6 @@ bool hak_os_move(void *old, size_t size, void *target) {
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", old, size, errno);
   return true;
-}
-
-void hak_os_unguard(void *p, size_t size) {
-  if (mprotect(p, size, PROT_READ | PROT_WRITE) != 0)
-    hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
 }
 
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {

@@ -208,7 +208,8 @@ static bool segment_all_purged(const hak_segment_t *seg) {
  * comes (one already pending recomputes its next deadline itself). */
 static void schedule_purge(hak_heap_t *heap, uint64_t since) {
   if (heap == NULL || heap->next_purge_ms != 0) return;
-  __atomic_store_n(&heap->next_purge_ms, since + (uint64_t)hak_opt.purge_delay_ms, __ATOMIC_RELAXED);
+  uint64_t at = since + (uint64_t)hak_opt.purge_delay_ms;
+  __atomic_store_n(&heap->next_purge_ms, at, __ATOMIC_RELAXED);
   hak_purge_wake();
 }
 
@@ -293,7 +294,8 @@ static hak_segment_t *segment_new(void) {
     return NULL;
   }
   HAK_STAT_ADD(segments, 1);
-  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
+  if (HAK_GUARD_PAGES)
+    hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
   hak_segmap_set(seg, true);
   return seg;
 }

@@ -84,7 +84,8 @@ static hak_block_t *slab_carve(hak_slab_t *slab) {
     order[j] = t;
   }
   for (size_t i = 0; i + 1 < n; i++)
-    hak_set_next((hak_block_t *)(first + order[i] * bs), (hak_block_t *)(first + order[i + 1] * bs));
+    hak_set_next((hak_block_t *)(first + order[i] * bs),
+                 (hak_block_t *)(first + order[i + 1] * bs));
   hak_set_next((hak_block_t *)(first + order[n - 1] * bs), NULL);
   return (hak_block_t *)(first + order[0] * bs);
 #else
@@ -232,16 +233,23 @@ bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
   return b;
 }
 
-/* Class cls's current slab gets the heap's list back and retires: it is
- * released now if that empties it, else when its last block is freed,
- * unless the heap takes blocks from it again first. The list head is
- * cleared before the call (see heap_return_lists). */
-static void class_retire(hak_heap_t *heap, size_t cls) {
+/* The list head is cleared before the call: with the store after it,
+ * gcc 12.2 at -O1 (the debug build) deleted every call to this function. */
+hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_slab_t *cur = heap->queue[cls].first;
-  if (cur == NULL) return;
   hak_block_t *list = heap->free[cls];
+  if (list == NULL) return cur;
   heap->free[cls] = NULL;
   hak_slab_give_back(cur, list);
+  return cur;
+}
+
+/* Class cls's current slab gets the heap's list back and retires: it is
+ * released now if that empties it, else when its last block is freed,
+ * unless the heap takes blocks from it again first. */
+static void class_retire(hak_heap_t *heap, size_t cls) {
+  hak_slab_t *cur = hak_heap_return_list(heap, cls);
+  if (cur == NULL) return;
   if (cur->used == 0) {
     hak_queue_remove(&heap->queue[cls], cur);
     hak_segment_free_slab(heap, cur);
