@@ -22,7 +22,8 @@
     "Free 4 MiB segments kept mapped for reuse (their memory is purged).")     \
   X(large_cache_mb, "LARGE_CACHE_MB", 128, 0, 65536,                           \
     "Megabytes of freed large blocks' memory (> 256 KiB) kept committed for "  \
-    "reuse; beyond it, the longest idle is purged at once.")
+    "reuse (or the live large bytes, if more); beyond it, the longest idle "   \
+    "is purged at once.")
 
 /* Profiles set these defaults; an explicitly set variable wins. */
 #define HAK_PROFILES(X)                                                        \

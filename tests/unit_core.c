@@ -2,6 +2,7 @@
  * (assertions and exact per-class counters on). */
 #include "harness.h"
 #include "internal.h"
+#include "blocks.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -203,6 +204,70 @@ TEST(large_realloc_grows_in_place_into_free_chunks) {
   CHECK(r == a);
   CHECK(r[0] == 7 && r[((size_t)3 << 20) - 1] == 7);
   free(r);
+}
+
+/* a: a 3 MiB block alone in its chunk, between two live blocks, so that
+ * once freed its chunk is a free run too short for the next block. */
+static uint8_t *isolated_dirty_chunk(uint8_t **before, uint8_t **after, int fill) {
+  size_t sz = (size_t)3 << 20;
+  *before = malloc(sz);
+  uint8_t *a = malloc(sz);
+  *after = malloc(sz);
+  if (!*before || !a || !*after) return NULL;
+  memset(a, fill, sz);
+  free(a);
+  return a;
+}
+
+TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
+  hak_opt.purge_delay_ms = 100000;
+  uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
+  REQUIRE(a != NULL);
+  REQUIRE(resident_pages(a, 64 * 4096) == 64);
+  uint8_t *b = malloc((size_t)6 << 20); /* two chunks: cannot fit in a's */
+  REQUIRE(b != NULL);
+  CHECK(b != a);
+  int moved = resident_pages(b, 256 * 4096), left = resident_pages(a, 64 * 4096);
+  CHECK_MSG(moved == 256, "%d of 256 pages resident: the block would fault", moved);
+  CHECK_MSG(left == 0, "%d pages still resident in the donor chunk", left);
+  free(b);
+  free(before);
+  free(after);
+}
+
+TEST(calloc_clears_pages_taken_from_a_free_chunk) {
+  hak_opt.purge_delay_ms = 100000;
+  uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 0xAB);
+  REQUIRE(a != NULL);
+  size_t sz = (size_t)6 << 20;
+  uint8_t *b = calloc(1, sz);
+  REQUIRE(b != NULL);
+  CHECK(resident_pages(b, 64 * 4096) == 64);
+  CHECK_MSG(first_nonzero(b, sz) == sz, "byte %zu not zero", first_nonzero(b, sz));
+  free(b);
+  free(before);
+  free(after);
+}
+
+TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t sz = (size_t)3 << 20;
+  uint8_t *before = malloc(sz), *a = malloc(sz), *after = malloc(sz), *x = malloc(sz);
+  REQUIRE(before && a && after && x > after); /* x is last: it can grow in place */
+  memset(a, 9, sz);
+  free(a); /* a's chunk is too short for what x becomes */
+  memset(x, 4, sz);
+  uint8_t *y = realloc(x, (size_t)7 << 20); /* grows into a fresh chunk */
+  REQUIRE(y != NULL);
+  CHECK(y == x);
+  CHECK(y[0] == 4 && y[sz - 1] == 4);
+  uint8_t *second = (uint8_t *)(((uintptr_t)y + HAK_SEG_SIZE) & ~(uintptr_t)HAK_SEG_MASK);
+  int resident = resident_pages(second, 64 * 4096);
+  CHECK_MSG(resident == 64, "%d of 64 grown pages resident", resident);
+  CHECK(resident_pages(a, 64 * 4096) == 0);
+  free(y);
+  free(before);
+  free(after);
 }
 
 TEST(free_large_chunks_are_purged_after_delay) {
