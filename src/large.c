@@ -46,6 +46,12 @@ static uint8_t *chunk_addr(size_t i) { return arena + (i << HAK_SEG_SHIFT); }
 static size_t chunk_index(const void *p) {
   return (size_t)((const uint8_t *)p - arena) >> HAK_SEG_SHIFT;
 }
+/* Bytes of its k-th chunk that a block of `bytes` bytes uses. */
+static size_t chunk_use(size_t bytes, size_t k) {
+  size_t from = k << HAK_SEG_SHIFT;
+  if (bytes <= from) return 0;
+  return bytes - from < HAK_SEG_SIZE ? bytes - from : HAK_SEG_SIZE;
+}
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_CHUNKS * HAK_SEG_SIZE;
@@ -83,14 +89,25 @@ static void dirty_add(size_t n, bool on) {
   }
 }
 
+/* Chunk k's pages may be committed up to `used` bytes. */
+static void dirt_fold(size_t k, size_t used) {
+  if (used > dirt[k]) dirt[k] = (uint32_t)used;
+}
+
+/* Free chunk k holds no committed pages any more (purged or moved away). */
+static void chunk_forget(size_t k) {
+  chunk[k] = CH_FRESH;
+  hak_segmap_set((hak_segment_t *)chunk_addr(k), false);
+  dirty_add(dirt[k], false);
+  dirt[k] = 0;
+}
+
 /* Chunks [i, i + n) become part of a block (a head if first). A fresh chunk
- * starts counting as mapped. False if any of them was committed. */
-static bool chunks_claim(size_t i, size_t n, bool first) {
-  bool fresh = true;
+ * starts counting as mapped. */
+static void chunks_claim(size_t i, size_t n, bool first) {
   for (size_t k = i; k < i + n; k++) {
     if (chunk[k] == CH_DIRTY) {
       dirty_add(dirt[k], false);
-      fresh = false;
     } else {
       hak_stats_mapped(HAK_SEG_SIZE, true);
     }
@@ -99,7 +116,6 @@ static bool chunks_claim(size_t i, size_t n, bool first) {
     if (k != i || !first) hak_segmap_set((hak_segment_t *)chunk_addr(k), false);
   }
   if (i + n > high) high = i + n;
-  return fresh;
 }
 
 /* Chunks [i, i + n) are free again, their pages kept; `used` bytes from
@@ -108,9 +124,7 @@ static bool chunks_claim(size_t i, size_t n, bool first) {
 static void chunks_release(size_t i, size_t n, size_t used) {
   uint64_t now = hak_clock_ms();
   for (size_t k = i; k < i + n; k++) {
-    size_t u = used < HAK_SEG_SIZE ? used : HAK_SEG_SIZE;
-    used -= u;
-    if (u > dirt[k]) dirt[k] = (uint32_t)u;
+    dirt_fold(k, chunk_use(used, k - i));
     chunk[k] = CH_DIRTY;
     live_chunks--;
     freed_ms[k] = now;
@@ -122,9 +136,10 @@ static void chunks_release(size_t i, size_t n, size_t used) {
  * pays a page fault for every byte it does not. On a tie, the start that
  * leaves the fewest committed bytes unused under the block, then the
  * shortest run of free chunks, then the lowest. The run reaching `high`
- * extends into unused chunks. SIZE_MAX if there is no room. */
-static size_t arena_find(size_t map_size) {
-  size_t n = chunks_of(map_size), last = map_size - ((n - 1) << HAK_SEG_SHIFT);
+ * extends into unused chunks. SIZE_MAX if there is no room; else *fresh
+ * (if not NULL) gets the bytes the block would fault in there. */
+static size_t arena_find(size_t map_size, size_t *fresh) {
+  size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
   size_t best = SIZE_MAX, best_cover = 0, best_waste = 0, best_len = 0;
   for (size_t i = 0; i <= high;) {
     if (i < high && chunk[i] >= CH_HEAD) {
@@ -155,6 +170,7 @@ static size_t arena_find(size_t map_size) {
     if (j == high) break;
     i = j;
   }
+  if (fresh) *fresh = map_size - best_cover;
   return best;
 }
 
@@ -171,10 +187,7 @@ static bool arena_purge_locked(bool force, uint64_t older) {
     size_t j = i;
     while (j < high && chunk[j] == CH_DIRTY &&
            (force || now - freed_ms[j] >= delay || freed_ms[j] <= older)) {
-      chunk[j] = CH_FRESH;
-      hak_segmap_set((hak_segment_t *)chunk_addr(j), false);
-      dirty_add(dirt[j], false);
-      dirt[j] = 0;
+      chunk_forget(j);
       j++;
     }
     hak_os_decommit(chunk_addr(i), (j - i) << HAK_SEG_SHIFT);
@@ -219,11 +232,8 @@ static void chunk_fill(size_t k, size_t need) {
   /* the whole chunk, so each chunk stays one mapping (else a later move
    * of it would fail) and the donor is left all zero */
   if (!hak_os_move(chunk_addr(donor), HAK_SEG_SIZE, chunk_addr(k))) return;
-  dirty_add(dirt[donor], false);
   dirt[k] = dirt[donor];
-  dirt[donor] = 0;
-  chunk[donor] = CH_FRESH;
-  hak_segmap_set((hak_segment_t *)chunk_addr(donor), false);
+  chunk_forget(donor);
   hak_stats_mapped(HAK_SEG_SIZE, false);
 }
 
@@ -233,7 +243,7 @@ static bool block_fill(size_t i, size_t map_size, size_t from) {
   size_t n = chunks_of(map_size);
   bool fresh = true;
   for (size_t k = from; k < i + n; k++) {
-    size_t need = k + 1 < i + n ? HAK_SEG_SIZE : map_size - ((n - 1) << HAK_SEG_SHIFT);
+    size_t need = chunk_use(map_size, k - i);
     if (dirt[k] + DONATE_MIN <= need) chunk_fill(k, need);
     if (dirt[k]) fresh = false;
   }
@@ -245,7 +255,7 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
   hak_segment_t *seg = NULL;
   pthread_mutex_lock(&hak_large_lock);
   if (arena_init()) {
-    size_t i = arena_find(map_size);
+    size_t i = arena_find(map_size, NULL);
     if (i != SIZE_MAX) {
       chunks_claim(i, n, true);
       bool fresh = block_fill(i, map_size, i);
@@ -257,17 +267,14 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
   return seg;
 }
 
-/* Bytes of a block of map_size bytes at chunk i that would not be
- * committed yet, when the block there now uses `used` bytes from i on. */
-static size_t fresh_bytes(size_t i, size_t map_size, size_t used) {
+/* Bytes a block at chunk i, now of `used` bytes, would fault in to grow
+ * in place to map_size bytes. */
+static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used) {
   size_t fresh = 0;
-  for (size_t k = i; map_size; k++) {
-    size_t need = map_size < HAK_SEG_SIZE ? map_size : HAK_SEG_SIZE;
-    size_t have = used < HAK_SEG_SIZE ? used : HAK_SEG_SIZE;
-    if (dirt[k] > have) have = dirt[k];
+  for (size_t k = 0; k < chunks_of(map_size); k++) {
+    size_t need = chunk_use(map_size, k), have = chunk_use(used, k);
+    if (dirt[i + k] > have) have = dirt[i + k];
     if (need > have) fresh += need - have;
-    map_size -= need;
-    used -= used < HAK_SEG_SIZE ? used : HAK_SEG_SIZE;
   }
   return fresh;
 }
@@ -288,18 +295,16 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   if (new_map <= seg->map_size) {
     if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << HAK_SEG_SHIFT));
     /* the last chunk kept stays committed as far as the block used it */
-    size_t last = seg->map_size - ((m - 1) << HAK_SEG_SHIFT);
-    if (last > HAK_SEG_SIZE) last = HAK_SEG_SIZE;
-    if (last > dirt[i + m - 1]) dirt[i + m - 1] = (uint32_t)last;
+    dirt_fold(i + m - 1, chunk_use(seg->map_size, m - 1));
     seg->map_size = new_map;
     arena_trim_locked();
     goto out;
   }
   bool room = i + m <= ARENA_CHUNKS;
   for (size_t k = i + n; room && k < i + m; k++) room = k >= high || chunk[k] <= CH_DIRTY;
-  size_t j = arena_find(new_map);
-  if (room && (j == SIZE_MAX || fresh_bytes(i, new_map, seg->map_size) <=
-                                    fresh_bytes(j, new_map, 0) + seg->map_size / COPY_PER_FAULT)) {
+  size_t fresh_there, j = arena_find(new_map, &fresh_there);
+  if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size) <=
+                                    fresh_there + seg->map_size / COPY_PER_FAULT)) {
     if (m > n) {
       chunks_claim(i + n, m - n, false);
       block_fill(i, new_map, i + n);
@@ -315,16 +320,16 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   hak_segment_t *dst = (hak_segment_t *)chunk_addr(j);
   /* chunk by chunk: a chunk that got pages from another is a mapping of
    * its own (see chunk_fill) */
-  for (size_t k = 0, used = seg->map_size; k < n; k++) {
+  size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
+  for (size_t k = 0; k < n; k++) {
     if (!hak_os_move(chunk_addr(i + k), HAK_SEG_SIZE, chunk_addr(j + k))) {
       if (k > 0) hak_fatal("hakmem: mremap of a large block's chunk failed: errno %d", errno);
       chunks_release(j, m, 0); /* e.g. a guard page split the head chunk: copy */
       goto out;
     }
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */
-    size_t u = used < HAK_SEG_SIZE ? used : HAK_SEG_SIZE;
-    used -= u;
-    dirt[j + k] = dirt[i + k] > u ? dirt[i + k] : (uint32_t)u;
+    dirt[j + k] = dirt[i + k];
+    dirt_fold(j + k, chunk_use(old_map, k));
     chunk[i + k] = CH_FRESH;
     live_chunks--;
     dirt[i + k] = 0;
