@@ -2,22 +2,32 @@
  * aligned, zeroing and resizing variants. */
 #include "internal.h"
 
-/* A block of cls from the heap, refilling its list if empty; NULL with
- * ENOMEM when out of memory. */
-static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
-  void *b = hak_heap_pop(heap, cls);
-  if (HAK_UNLIKELY(b == NULL)) {
-    if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
-      errno = ENOMEM;
-      return NULL;
-    }
-    b = hak_heap_pop(heap, cls);
+/* A block of cls once the heap's list of cls is refilled; NULL with ENOMEM
+ * when out of memory. */
+static void *alloc_refilled(hak_heap_t *heap, size_t cls, size_t size) {
+  if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
+    errno = ENOMEM;
+    return NULL;
   }
+  void *b = hak_heap_pop(heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
 }
 
-HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size) {
+/* A block of cls from the heap, refilling its list if empty. */
+static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
+  void *b = hak_heap_pop(heap, cls);
+  if (HAK_UNLIKELY(b == NULL)) return alloc_refilled(heap, cls, size);
+  HAK_CSTAT_ALLOC(cls, size);
+  return b;
+}
+
+HAK_NOINLINE void *hak_alloc_refill(size_t size, hak_heap_t *heap, size_t cls) {
+  if (HAK_UNLIKELY(heap == &hak_heap_empty)) return hak_alloc_generic(size, heap);
+  return alloc_refilled(heap, cls, size);
+}
+
+HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap) {
   if (HAK_UNLIKELY(heap == &hak_heap_empty)) {
     heap = hak_heap_get();
     if (heap == NULL) {
@@ -69,7 +79,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
-    if ((p = hak_alloc_generic(heap, total)) == NULL) return NULL;
+    if ((p = hak_alloc_generic(total, heap)) == NULL) return NULL;
     clean = hak_tls_heap->clean[cls];
   }
   /* A never-used block of fresh memory holds only its old link word. */

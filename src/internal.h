@@ -81,10 +81,13 @@ size_t hak_os_rss_peak(void);
 extern _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
 /* Whether (p - 1)'s chunk is a segment of ours. NULL maps to the last
- * chunk of the address space, which is never used. */
+ * chunk of the address space, which is never used. A plain read, so the
+ * test is one compare: a chunk's byte is set before any of its blocks is
+ * handed out and cleared only once none is live, so only a free of a
+ * pointer that is not (or no longer) a block can race with the write. */
 HAK_INLINE bool hak_segmap_has(const void *p) {
   uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
-  return atomic_load_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], memory_order_relaxed);
+  return *(const uint8_t *)&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)] != 0;
 }
 
 /* Whether a segment may start at p: the last chunk stands for NULL. */
@@ -217,7 +220,9 @@ bool hak_large_cache_collect(bool force); /* true while some remain */
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */
-HAK_NOINLINE void *hak_alloc_generic(hak_heap_t *heap, size_t size);
+HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap);
+/* malloc's fast path found the list of cls empty. */
+HAK_NOINLINE void *hak_alloc_refill(size_t size, hak_heap_t *heap, size_t cls);
 HAK_NOINLINE void hak_free_generic(void *p);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
@@ -359,8 +364,9 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
+    return hak_alloc_refill(size, heap, cls);
   }
-  return hak_alloc_generic(heap, size);
+  return hak_alloc_generic(size, heap);
 }
 
 HAK_INLINE void hak_free_inline(void *p) {
@@ -381,7 +387,8 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_set_next(b, head);
       slab->local_free = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
-      hak_slab_emptied(hak_tls_heap, slab);
+      /* owner is our heap: passing it spares the fast path a register */
+      hak_slab_emptied(atomic_load_explicit(&slab->owner, memory_order_relaxed), slab);
       return;
     }
   }

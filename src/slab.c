@@ -110,6 +110,12 @@ static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *cle
   return list;
 }
 
+/* The heap took every free block: all reserved ones are out. */
+static inline void slab_all_out(hak_slab_t *slab) {
+  slab->used = slab->reserved;
+  slab->retiring = 0;
+}
+
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
  * tells whether they are never-used blocks of zero memory. */
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
@@ -123,8 +129,7 @@ static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean
   } else {
     return NULL;
   }
-  slab->used = slab->reserved; /* every reserved block is now out */
-  slab->retiring = 0;
+  slab_all_out(slab);
   return list;
 }
 
@@ -176,7 +181,7 @@ static void heap_revive_full(hak_heap_t *heap) {
 
 /* The queues are the owner's alone: only taking a slab from the segments
  * (state the purger and fork also see) needs the heap lock. */
-static bool heap_refill(hak_heap_t *heap, size_t cls) {
+static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
   /* Purges are the purger thread's job; without it, refills do them. */
@@ -225,11 +230,27 @@ static bool heap_refill(hak_heap_t *heap, size_t cls) {
   }
 }
 
+/* Most refills find blocks the owner freed to the class's current slab:
+ * those take no frame and no clock read (a purge that is due without the
+ * purger thread, and everything else, goes the long way). */
 bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_SLOW_BEGIN();
-  bool b = heap_refill(heap, cls);
+  hak_slab_t *slab = heap->queue[cls].first;
+  hak_block_t *list;
+  bool b = true;
+  if (HAK_LIKELY(slab != NULL && (list = slab->local_free) != NULL &&
+                 (__atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED) == 0 ||
+                  atomic_load_explicit(&hak_purge_running, memory_order_relaxed)))) {
+    HAK_STAT_ADD(refills, 1);
+    slab->local_free = NULL;
+    slab_all_out(slab);
+    heap->clean[cls] = 0;
+    heap->free[cls] = list;
+  } else {
+    b = heap_refill(heap, cls);
+    hak_purge_start();
+  }
   HAK_SLOW_END();
-  hak_purge_start();
   return b;
 }
 
