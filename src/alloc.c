@@ -2,29 +2,13 @@
  * aligned, zeroing and resizing variants. */
 #include "internal.h"
 
-/* A block of cls once the heap's list of cls is refilled; NULL with ENOMEM
- * when out of memory. */
-static void *alloc_refilled(hak_heap_t *heap, size_t cls, size_t size) {
-  if (HAK_UNLIKELY(!hak_heap_refill(heap, cls))) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  void *b = hak_heap_pop(heap, cls);
-  HAK_CSTAT_ALLOC(cls, size);
-  return b;
-}
-
-/* A block of cls from the heap, refilling its list if empty. */
+/* A block of cls from the heap, refilling its list if empty; NULL with
+ * ENOMEM when out of memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_UNLIKELY(b == NULL)) return alloc_refilled(heap, cls, size);
+  if (HAK_UNLIKELY(b == NULL)) return hak_heap_refill(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
-}
-
-HAK_NOINLINE void *hak_alloc_refill(size_t size, hak_heap_t *heap, size_t cls) {
-  if (HAK_UNLIKELY(heap == &hak_heap_empty)) return hak_alloc_generic(size, heap);
-  return alloc_refilled(heap, cls, size);
 }
 
 HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap) {

@@ -169,8 +169,10 @@ void hak_slab_collect_remote(hak_slab_t *slab);
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
 /* A FULL slab of heap has free blocks again: back to its class's queue. */
 void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab);
-/* Refills heap->free[cls]; false when out of memory. */
-bool hak_heap_refill(hak_heap_t *heap, size_t cls);
+/* malloc's miss: refills the heap's list of cls (creating a new thread's
+ * heap first) and pops a block for a request of size; NULL with ENOMEM
+ * when out of memory. */
+HAK_NOINLINE void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls);
 /* Puts the heap's list for cls back onto its current slab (the list holds
  * only that slab's blocks); returns that slab, or NULL. */
 hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls);
@@ -221,8 +223,6 @@ extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */
 HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap);
-/* malloc's fast path found the list of cls empty. */
-HAK_NOINLINE void *hak_alloc_refill(size_t size, hak_heap_t *heap, size_t cls);
 HAK_NOINLINE void hak_free_generic(void *p);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
@@ -364,7 +364,7 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
-    return hak_alloc_refill(size, heap, cls);
+    return hak_heap_refill(size, heap, cls);
   }
   return hak_alloc_generic(size, heap);
 }

@@ -230,28 +230,41 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   }
 }
 
-/* Most refills find blocks the owner freed to the class's current slab:
- * those take no frame and no clock read (a purge that is due without the
- * purger thread, and everything else, goes the long way). */
-bool hak_heap_refill(hak_heap_t *heap, size_t cls) {
+static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t cls) {
+  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
   HAK_SLOW_BEGIN();
+  bool ok = heap_refill(heap, cls);
+  HAK_SLOW_END();
+  hak_purge_start();
+  if (HAK_UNLIKELY(!ok)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  HAK_CSTAT_ALLOC(cls, size);
+  return hak_heap_pop(heap, cls);
+}
+
+/* Most refills find blocks the owner freed to the class's current slab:
+ * those take no frame and no clock read. A purge that is due without the
+ * purger thread, a new thread's sentinel heap (its queues are empty) and
+ * everything else go the long way. */
+void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
   hak_slab_t *slab = heap->queue[cls].first;
   hak_block_t *list;
-  bool b = true;
-  if (HAK_LIKELY(slab != NULL && (list = slab->local_free) != NULL &&
-                 (__atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED) == 0 ||
-                  atomic_load_explicit(&hak_purge_running, memory_order_relaxed)))) {
-    HAK_STAT_ADD(refills, 1);
-    slab->local_free = NULL;
-    slab_all_out(slab);
-    heap->clean[cls] = 0;
-    heap->free[cls] = list;
-  } else {
-    b = heap_refill(heap, cls);
-    hak_purge_start();
-  }
-  HAK_SLOW_END();
-  return b;
+  if (HAK_UNLIKELY(slab == NULL || (list = slab->local_free) == NULL ||
+                   (__atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED) != 0 &&
+                    !atomic_load_explicit(&hak_purge_running, memory_order_relaxed))))
+    return heap_refill_pop(size, heap, cls);
+  HAK_STAT_ADD(refills, 1);
+  slab->local_free = NULL;
+  slab_all_out(slab);
+  heap->clean[cls] = 0;
+  heap->free[cls] = list;
+  HAK_CSTAT_ALLOC(cls, size);
+  return hak_heap_pop(heap, cls);
 }
 
 /* The list head is cleared before the call: with the store after it,
