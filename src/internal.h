@@ -62,6 +62,8 @@ void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */
 void *hak_os_reserve(size_t size, size_t align);
+/* Gives back a reservation no part of which was used. */
+void hak_os_unreserve(void *p, size_t size);
 /* MADV_DONTNEED, and the range no longer counts as mapped. */
 void hak_os_decommit(void *p, size_t size);
 /* Moves size bytes of pages to target (replacing what is there) and maps

@@ -73,7 +73,10 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
   uint8_t *a = hak_os_reserve(ARENA_CHUNKS * HAK_SEG_SIZE, HAK_SEG_SIZE);
-  if (a != NULL && !hak_segmap_usable(a + (ARENA_CHUNKS - 1) * HAK_SEG_SIZE)) a = NULL;
+  if (a != NULL && !hak_segmap_usable(a + (ARENA_CHUNKS - 1) * HAK_SEG_SIZE)) {
+    hak_os_unreserve(a, ARENA_CHUNKS * HAK_SEG_SIZE);
+    a = NULL;
+  }
   arena_failed = a == NULL;
   arena = a;
   return a != NULL;

@@ -37,6 +37,7 @@ void *hak_os_map_aligned(size_t size, size_t align) {
 }
 
 void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align); }
+void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
 
 void hak_os_unmap(void *p, size_t size) {
   if (size == 0) return;
