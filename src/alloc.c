@@ -2,26 +2,14 @@
  * aligned, zeroing and resizing variants. */
 #include "internal.h"
 
-/* A block of cls from the heap, refilling its list if empty; NULL with
- * ENOMEM when out of memory. */
+/* A block of cls from the heap, refilling its list if empty (a new
+ * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
+ * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
   void *b = hak_heap_pop(heap, cls);
   if (HAK_UNLIKELY(b == NULL)) return hak_heap_refill(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
-}
-
-HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap) {
-  if (HAK_UNLIKELY(heap == &hak_heap_empty)) {
-    heap = hak_heap_get();
-    if (heap == NULL) {
-      errno = ENOMEM;
-      return NULL;
-    }
-  }
-  if (HAK_LIKELY(size <= HAK_BIG_MAX - HAK_CANARY))
-    return alloc_class(heap, hak_size_class(size + HAK_CANARY), size);
-  return hak_large_alloc(size, 0, false);
 }
 
 /* A class whose blocks are all `align`-aligned: block sizes that are a
@@ -32,12 +20,7 @@ static void *alloc_aligned_slab(size_t align, size_t size) {
   size_t cls = hak_size_class(need);
   while (cls < HAK_CLASSES && hak_class_size[cls] % align != 0) cls++;
   if (cls == HAK_CLASSES) return hak_large_alloc(size, align, false);
-  hak_heap_t *heap = hak_heap_get();
-  if (heap == NULL) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  void *b = alloc_class(heap, cls, size);
+  void *b = alloc_class(hak_tls_heap, cls, size);
   HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
   return b;
 }
@@ -63,7 +46,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
-    if ((p = hak_alloc_generic(total, heap)) == NULL) return NULL;
+    if ((p = hak_heap_refill(total, heap, cls)) == NULL) return NULL;
     clean = hak_tls_heap->clean[cls];
   }
   /* A never-used block of fresh memory holds only its old link word. */

@@ -224,7 +224,6 @@ bool hak_large_cache_collect(bool force); /* true while some remain */
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */
-HAK_NOINLINE void *hak_alloc_generic(size_t size, hak_heap_t *heap);
 HAK_NOINLINE void hak_free_generic(void *p);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
@@ -368,7 +367,7 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
     }
     return hak_heap_refill(size, heap, cls);
   }
-  return hak_alloc_generic(size, heap);
+  return hak_large_alloc(size, 0, false);
 }
 
 HAK_INLINE void hak_free_inline(void *p) {

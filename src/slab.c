@@ -231,12 +231,9 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
 }
 
 static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t cls) {
-  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
-    errno = ENOMEM;
-    return NULL;
-  }
+  if (HAK_UNLIKELY(heap == &hak_heap_empty)) heap = hak_heap_get();
   HAK_SLOW_BEGIN();
-  bool ok = heap_refill(heap, cls);
+  bool ok = heap != NULL && heap_refill(heap, cls);
   HAK_SLOW_END();
   hak_purge_start();
   if (HAK_UNLIKELY(!ok)) {
