@@ -126,9 +126,11 @@ HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
 
 /* Whether the block offset off (from the segment start) is a block start of
  * the slab: one multiply, exact for offsets below 2^32 (see slab->magic).
- * An offset before the first block wraps to a large value and fails. */
+ * An offset before the first block wraps to a large value and fails. The
+ * bound is a constant, so the fast path reads magic once, from memory. */
+_Static_assert(HAK_BIG_MAX + HAK_CANARY <= ((size_t)1 << 31), "block sizes keep magic >= 2^33");
 HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
-  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->magic;
+  return ((uint64_t)(uint32_t)(off - slab->start_off) * slab->magic) >> 32 == 0;
 }
 
 /* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,

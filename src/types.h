@@ -92,8 +92,9 @@ struct __attribute__((aligned(64))) hak_slab_s {
    * slow path with a single comparison. */
   _Atomic(hak_heap_t *) owner;
   hak_block_t *local_free; /* blocks freed by the owner */
-  /* ceil(2^64 / block_size): offset n is a block start iff n * magic < magic
-   * (exact for n < 2^32), so free checks a pointer with one multiply. */
+  /* ceil(2^64 / block_size): for n < 2^32, n * magic (mod 2^64) is below
+   * 2^32 when n is a multiple of block_size and at least magic (> 2^45)
+   * otherwise, so free checks a pointer with one multiply. */
   uint64_t magic;
   uint32_t used;       /* reserved blocks not on local_free */
   uint32_t start_off;  /* first block's offset from the segment */
