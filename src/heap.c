@@ -16,8 +16,13 @@ static size_t pool_left;
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
-static hak_heap_t *heap_struct_alloc(void) {
+/* A new heap for the thread of token; *stale is set to a live heap left
+ * with the same token by a dead thread whose pointer this one reuses. */
+static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
   pthread_mutex_lock(&hak_heaps_lock);
+  *stale = NULL;
+  for (hak_heap_t *l = heaps_live; l; l = l->next)
+    if (l->token == token) *stale = l;
   hak_heap_t *h = heaps_pool;
   if (h) {
     heaps_pool = h->next;
@@ -35,6 +40,7 @@ static hak_heap_t *heap_struct_alloc(void) {
   }
   if (h) {
     memset(h, 0, sizeof *h);
+    h->token = token;
     h->next = heaps_live;
     if (heaps_live) heaps_live->prev = h;
     heaps_live = h;
@@ -57,7 +63,12 @@ hak_heap_t *hak_heap_get(void) {
   hak_heap_t *h = hak_tls_heap;
   if (h != &hak_heap_empty) return h;
   hak_process_init();
-  h = heap_struct_alloc();
+  hak_heap_t *stale;
+  h = heap_struct_alloc(hak_thread_token(), &stale);
+  /* Its slabs would pass our free's owner test: a thread that allocated
+   * again after its exit handler ran (or exited before the key existed)
+   * leaves its heap; retire it before anything is freed with our token. */
+  if (stale) hak_heap_done(stale);
   if (h == NULL) return NULL;
   hak_tls_heap = h;
   /* may allocate (glibc's second-level key array): the heap is ready */

@@ -191,6 +191,13 @@ bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
 
 /* ---- heap.c ---- */
 extern __thread hak_heap_t *hak_tls_heap;
+/* The calling thread's token: its thread pointer, which free compares with
+ * a slab's owner in one instruction (%fs:0 is a constant address, where the
+ * TLS heap pointer needs its offset loaded first). Live threads have
+ * distinct ones; a dead thread's may come back, so a heap releases its
+ * slabs when its thread exits, and a new heap retires any heap left with
+ * its token (see hak_heap_get). */
+HAK_INLINE uintptr_t hak_thread_token(void) { return (uintptr_t)__builtin_thread_pointer(); }
 extern hak_heap_t hak_heap_empty; /* sentinel: all lists empty */
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
@@ -340,7 +347,7 @@ HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
   uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
   hak_slab_t *slab = seg->unit_slab[off >> HAK_SMALL_SLAB_SHIFT];
-  return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_tls_heap &&
+  return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
                  hak_slab_is_block(slab, off)
              ? slab
              : NULL;
@@ -390,8 +397,7 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_set_next(b, head);
       slab->local_free = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
-      /* owner is our heap: passing it spares the fast path a register */
-      hak_slab_emptied(atomic_load_explicit(&slab->owner, memory_order_relaxed), slab);
+      hak_slab_emptied(hak_tls_heap, slab); /* the owner is this thread */
       return;
     }
   }

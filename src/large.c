@@ -66,7 +66,7 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++) s->unit_slab[u] = &s->slabs[0];
   s->map_size = map_size;
   s->large_offset = offset;
-  s->fresh = fresh; /* slabs[0].owner stays NULL: frees go slow */
+  s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
   hak_segmap_set(s, true);
 }
 

@@ -219,7 +219,7 @@ static void schedule_purge(hak_heap_t *heap, uint64_t since) {
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
-  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
+  atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
   hak_slab_set_state(slab, HAK_SLAB_FREE);
   slab->zero = 0; /* its blocks were used */
   slab->local_free = NULL;
@@ -396,7 +396,7 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
       for (unsigned i = 0; i < seg->slab_count; i++) {
         hak_slab_t *s = &seg->slabs[i];
         if (s->state == HAK_SLAB_FREE) continue;
-        atomic_store_explicit(&s->owner, NULL, memory_order_relaxed);
+        atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
         hak_slab_collect_remote(s);
         hak_slab_set_state(s, HAK_SLAB_ORPHAN);
         if (s->used == 0) slab_mark_free(heap, s);

@@ -135,11 +135,11 @@ static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean
 
 static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
   hak_slab_set_state(slab, HAK_SLAB_ACTIVE);
-  atomic_store_explicit(&slab->owner, heap, memory_order_relaxed);
+  atomic_store_explicit(&slab->owner, heap->token, memory_order_relaxed);
 }
 
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
-  atomic_store_explicit(&slab->owner, NULL, memory_order_relaxed);
+  atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
   hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }

@@ -87,10 +87,10 @@ typedef enum {
  * owner's free fast path reads; the second the list other threads push to,
  * so remote frees do not bounce the owner's line. */
 struct __attribute__((aligned(64))) hak_slab_s {
-  /* The heap that may free into local_free without atomics. NULL unless the
-   * slab is ACTIVE, so every other case (full, abandoned, large) takes the
-   * slow path with a single comparison. */
-  _Atomic(hak_heap_t *) owner;
+  /* The token (hak_thread_token) of the heap that may free into local_free
+   * without atomics. 0 unless the slab is ACTIVE, so every other case (full,
+   * abandoned, large) takes the slow path with a single comparison. */
+  _Atomic(uintptr_t) owner;
   hak_block_t *local_free; /* blocks freed by the owner */
   /* ceil(2^64 / block_size): for n < 2^32, n * magic (mod 2^64) is below
    * 2^32 when n is a multiple of block_size and at least magic (> 2^45)
@@ -166,6 +166,7 @@ struct hak_heap_s {
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. */
   pthread_mutex_t lock;
+  uintptr_t token; /* its thread's hak_thread_token: the owner of its ACTIVE slabs */
   hak_heap_t *next, *prev; /* all live heaps */
 };
 

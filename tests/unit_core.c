@@ -431,10 +431,10 @@ TEST(full_slab_comes_back_on_local_free) {
   for (int i = 0; i < 3 * N; i++) ps[i] = malloc(1024);
   hak_slab_t *s0 = slab_of_ptr(ps[0]);
   CHECK(s0->state == HAK_SLAB_FULL);
-  CHECK(atomic_load(&s0->owner) == NULL);
+  CHECK(atomic_load(&s0->owner) == 0);
   free(ps[0]);
   CHECK(s0->state == HAK_SLAB_ACTIVE);
-  CHECK(atomic_load(&s0->owner) == hak_tls_heap);
+  CHECK(atomic_load(&s0->owner) == hak_thread_token());
   for (int i = 1; i < 3 * N; i++) free(ps[i]);
 }
 
@@ -511,12 +511,51 @@ TEST(free_into_exited_threads_segment_takes_it_over) {
   CHECK(hak_stats_live_blocks() == live - 1); /* counted once */
   CHECK(atomic_load(&seg->heap) == hak_tls_heap);
   hak_slab_t *slab = slab_of_ptr(ps[1]);
-  CHECK(slab->state == HAK_SLAB_ACTIVE && atomic_load(&slab->owner) == hak_tls_heap);
+  CHECK(slab->state == HAK_SLAB_ACTIVE && atomic_load(&slab->owner) == hak_thread_token());
   uint32_t used = slab->used;
   free(ps[1]); /* now a local free */
   CHECK(slab->used == used - 1);
   CHECK(atomic_load(&slab->remote) == NULL);
   for (int i = 2; i < 100; i++) free(ps[i]);
+}
+
+/* A thread that leaves its heap behind (it drops its exit handler here, as
+ * a thread that allocates again after the handler ran does), then a thread
+ * with the same thread pointer: its new heap must retire the old one, or
+ * its frees would pass the owner test of the old heap's slabs. */
+typedef struct {
+  void *p;          /* block of the first thread */
+  uintptr_t token;  /* the thread's token */
+  bool owner_ok;    /* second thread: p's slab is not ours unless its segment is */
+} token_probe_t;
+static void *alloc_and_leave_heap(void *arg) {
+  token_probe_t *t = arg;
+  t->p = malloc(64);
+  t->token = hak_thread_token();
+  pthread_setspecific(hak_thread_key, NULL);
+  return NULL;
+}
+static void *malloc_then_probe(void *arg) {
+  token_probe_t *t = arg;
+  free(malloc(64));
+  t->token = hak_thread_token();
+  hak_slab_t *slab = slab_of_ptr(t->p);
+  t->owner_ok = atomic_load(&slab->owner) != t->token ||
+                atomic_load(&hak_segment_of(t->p)->heap) == hak_tls_heap;
+  return NULL;
+}
+
+TEST(new_thread_retires_heap_left_with_its_thread_pointer) {
+  token_probe_t a = {0}, b = {0};
+  run_thread(alloc_and_leave_heap, &a);
+  REQUIRE(atomic_load(&slab_of_ptr(a.p)->owner) == a.token); /* left ACTIVE */
+  b.p = a.p;
+  run_thread(malloc_then_probe, &b);
+  REQUIRE(b.token == a.token); /* glibc gave the new thread the cached stack */
+  CHECK(b.owner_ok);
+  CHECK(atomic_load(&slab_of_ptr(a.p)->owner) != a.token ||
+        atomic_load(&hak_segment_of(a.p)->heap) == NULL);
+  free(a.p);
 }
 
 static void *alloc_1000_and_exit(void *arg) {
