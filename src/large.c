@@ -379,6 +379,12 @@ static void large_unmap(hak_segment_t *seg) {
   hak_os_unmap(seg, seg->map_size);
 }
 
+static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset) {
+  hak_segment_t *seg = NULL;
+  if (align <= HAK_SEG_SIZE && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
+  return seg != NULL ? seg : large_map(map_size, align, offset);
+}
+
 void *hak_large_alloc(size_t size, size_t align, bool zero) {
   if (size > PTRDIFF_MAX - 2 * HAK_SEG_SIZE - align) {
     errno = ENOMEM;
@@ -392,9 +398,13 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
                   : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
-  hak_segment_t *seg = NULL;
-  if (align <= HAK_SEG_SIZE && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
-  if (seg == NULL) seg = large_map(map_size, align, offset);
+  hak_segment_t *seg = large_get(map_size, align, offset);
+  /* Out of memory (or address space): what waits for a purge, in a cache
+   * or for the purger's unmap goes back to the OS, and one more try. */
+  if (seg == NULL) {
+    hak_release_all();
+    seg = large_get(map_size, align, offset);
+  }
   if (seg == NULL) {
     errno = ENOMEM;
     return NULL;

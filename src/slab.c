@@ -194,6 +194,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     pthread_mutex_unlock(&heap->lock);
   }
   hak_slab_queue_t *q = &heap->queue[cls];
+  bool released = false;
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
     while (slab) {
@@ -223,6 +224,13 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     pthread_mutex_unlock(&heap->lock);
     if (slab == NULL) {
       if (adopted) continue;
+      /* Out of memory: once, give back what waits for a purge, in a cache
+       * or for the purger's unmap, and look again. */
+      if (!released) {
+        released = true;
+        hak_release_all();
+        continue;
+      }
       return false;
     }
     hak_queue_push_front(q, slab);
