@@ -19,8 +19,8 @@ HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in bl
  * a slab that is free again was handed out and freed already. Other threads
  * call this too: it reads only what the owner does not change while the
  * slab is in use (block size and capacity are set before any block of the
- * slab is handed out), the state atomically, and local_free only when the
- * slab is the caller's own. */
+ * slab is handed out), the state atomically, and the list its owner frees
+ * to only when the slab is the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
   bool boundary = hak_slab_is_block(slab, off);
@@ -30,7 +30,7 @@ void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
                    off - slab->start_off >= (size_t)slab->capacity * slab->block_size))
     report("invalid free", p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
-      HAK_UNLIKELY(slab->local_free == p))
+      HAK_UNLIKELY(*slab->free_to == p))
     report("double free", p);
 }
 

@@ -383,11 +383,11 @@ HAK_INLINE void hak_free_inline(void *p) {
   if (HAK_LIKELY(hak_segmap_has(p))) {
     hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
     hak_slab_t *slab = hak_own_slab_of_block(seg, p);
-    hak_block_t *b = (hak_block_t *)p, *head;
+    hak_block_t *b = (hak_block_t *)p, *head, **to;
     /* Ours, a block start (interior and misaligned pointers are not a
      * multiple of the block size), not the block freed just before.
      * Anything else goes to the generic path, which names the fault. */
-    if (HAK_LIKELY(slab != NULL && (head = slab->local_free) != b)) {
+    if (HAK_LIKELY(slab != NULL && (head = *(to = slab->free_to)) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
 #if HAK_SECURE
       hak_check_block(seg, slab, p);
@@ -395,7 +395,7 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_block_check_free(b, slab->block_size);
       HAK_CSTAT_FREE(slab->cls);
       hak_set_next(b, head);
-      slab->local_free = b;
+      *to = b;
       if (HAK_LIKELY(--slab->used != 0)) return;
       hak_slab_emptied(hak_tls_heap, slab); /* the owner is this thread */
       return;

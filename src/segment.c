@@ -219,6 +219,7 @@ static void schedule_purge(hak_heap_t *heap, uint64_t since) {
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
+  HAK_ASSERT(slab->free_to == &slab->local_free);
   atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
   hak_slab_set_state(slab, HAK_SLAB_FREE);
   slab->zero = 0; /* its blocks were used */
@@ -424,7 +425,7 @@ void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
       continue;
     }
     uint32_t used = __atomic_load_n(&s->used, __ATOMIC_RELAXED);
-    if (used > s->capacity) used = s->capacity;
+    if (used > s->reserved) used = s->reserved; /* attached (see slab->used) */
     u->slabs_used++;
     u->blocks_used[s->cls] += used;
     u->blocks_free[s->cls] += s->capacity - used;

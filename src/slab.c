@@ -1,10 +1,24 @@
-/* Slabs: blocks of one size class. The owner frees onto local_free; other
- * threads push onto the atomic remote list, which the owner collects when
- * its free list runs dry. Refill hands the heap a whole list at a time. */
+/* Slabs: blocks of one size class. Refill hands the heap a whole list at a
+ * time. A list of used blocks attaches the slab to the heap: the owner's
+ * frees then go straight back to that list, so malloc reuses the block
+ * freed last (LIFO, still in cache); other slabs take the owner's frees on
+ * local_free. Other threads push onto the atomic remote list, which the
+ * owner collects when its free list runs dry. */
 #include "internal.h"
 
 /* Blocks carved per refill from a fresh slab: about 16 KiB, at least 4. */
 #define HAK_EXTEND_BYTES 16384
+
+/* An attached slab's used count starts here (see slab->used): only 2^31
+ * frees with no refill between bring it to 0, and hak_slab_emptied then
+ * sets it back. */
+#define HAK_USED_ATTACHED (UINT32_C(1) << 31)
+
+static size_t list_length(const hak_block_t *list) {
+  size_t n = 0;
+  for (; list != NULL; list = hak_next(list)) n++;
+  return n;
+}
 
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s) {
   s->prev = NULL;
@@ -41,6 +55,7 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab->used = 0;
   slab->retiring = 0;
   slab->local_free = NULL;
+  slab->free_to = &slab->local_free;
   atomic_store_explicit(&slab->remote, NULL, memory_order_relaxed);
   HAK_ASSERT(slab->capacity > 0);
 }
@@ -110,10 +125,18 @@ static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *cle
   return list;
 }
 
-/* The heap took every free block: all reserved ones are out. */
-static inline void slab_all_out(hak_slab_t *slab) {
-  slab->used = slab->reserved;
+/* The heap took every free block of the slab as its list: all reserved
+ * ones are out. A list of used blocks attaches the slab, so its frees feed
+ * that list; a clean run does not, as calloc skips clearing its blocks. */
+static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) {
   slab->retiring = 0;
+  if (clean) {
+    slab->used = slab->reserved;
+    slab->free_to = &slab->local_free;
+  } else {
+    slab->used = HAK_USED_ATTACHED;
+    slab->free_to = &heap->free[slab->cls];
+  }
 }
 
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
@@ -129,7 +152,7 @@ static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean
   } else {
     return NULL;
   }
-  slab_all_out(slab);
+  slab_all_out(heap, slab, *clean);
   return list;
 }
 
@@ -138,8 +161,11 @@ static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, heap->token, memory_order_relaxed);
 }
 
+/* It has no free block: every reserved one is out. */
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
+  slab->free_to = &slab->local_free;
+  slab->used = slab->reserved;
   hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
@@ -265,7 +291,7 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
   slab->local_free = NULL;
-  slab_all_out(slab);
+  slab_all_out(heap, slab, false);
   heap->clean[cls] = 0;
   heap->free[cls] = list;
   HAK_CSTAT_ALLOC(cls, size);
@@ -277,6 +303,10 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
 hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_slab_t *cur = heap->queue[cls].first;
   hak_block_t *list = heap->free[cls];
+  if (cur != NULL && cur->free_to != &cur->local_free) { /* detach: count again */
+    cur->free_to = &cur->local_free;
+    cur->used = cur->reserved - (uint32_t)list_length(cur->local_free);
+  }
   if (list == NULL) return cur;
   heap->free[cls] = NULL;
   hak_slab_give_back(cur, list);
@@ -309,6 +339,10 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
  * releases its slabs, and the purger returns the memory even though the
  * thread makes no further call. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
+  if (slab->free_to != &slab->local_free) { /* attached: not a count */
+    slab->used = HAK_USED_ATTACHED;
+    return;
+  }
   size_t cls = slab->cls;
   hak_slab_queue_t *q = &heap->queue[cls];
   bool current = slab == q->first;

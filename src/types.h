@@ -87,16 +87,22 @@ typedef enum {
  * owner's free fast path reads; the second the list other threads push to,
  * so remote frees do not bounce the owner's line. */
 struct __attribute__((aligned(64))) hak_slab_s {
-  /* The token (hak_thread_token) of the heap that may free into local_free
+  /* The token (hak_thread_token) of the heap that may free into free_to
    * without atomics. 0 unless the slab is ACTIVE, so every other case (full,
    * abandoned, large) takes the slow path with a single comparison. */
   _Atomic(uintptr_t) owner;
-  hak_block_t *local_free; /* blocks freed by the owner */
+  /* Where the owner's frees go: local_free, or, while the slab is attached
+   * to its heap (the heap's list of its class holds its used blocks), that
+   * list, so the next malloc gets the block freed last, still in cache. */
+  hak_block_t **free_to;
   /* ceil(2^64 / block_size): for n < 2^32, n * magic (mod 2^64) is below
    * 2^32 when n is a multiple of block_size and at least magic (> 2^45)
    * otherwise, so free checks a pointer with one multiply. */
   uint64_t magic;
-  uint32_t used;       /* reserved blocks not on local_free */
+  /* Reserved blocks not on local_free (the heap's list counts as in use).
+   * An attached slab's frees go to the heap's list yet decrement it, so it
+   * starts at HAK_USED_ATTACHED and is counted again on detaching. */
+  uint32_t used;
   uint32_t start_off;  /* first block's offset from the segment */
   uint32_t block_size;
   uint32_t capacity;   /* blocks that fit in the slab */
@@ -105,13 +111,14 @@ struct __attribute__((aligned(64))) hak_slab_s {
   uint8_t state;  /* hak_slab_state_t */
   uint8_t purged; /* FREE slab whose memory went back to the OS */
   uint8_t index;  /* position in the segment */
+  hak_block_t *local_free; /* blocks freed by the owner */
+  _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   union {
     struct {
       hak_slab_t *next, *prev; /* heap queue or full list */
     };
     uint64_t free_since_ms; /* FREE: when it was released */
   };
-  _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   uint8_t zero; /* its unreserved memory is zero (fresh or purged) */
   /* The current slab of a class that shrank to it: released when it empties
    * (see hak_slab_emptied); cleared when the heap takes blocks from it. */

@@ -304,6 +304,57 @@ TEST(local_free_and_used_count) {
   CHECK(slab->used == used - N);
 }
 
+static size_t list_len(const hak_block_t *b) {
+  size_t n = 0;
+  for (; b; b = b->next) n++;
+  return n;
+}
+
+/* Once the heap takes a list of used blocks from a slab, the slab is
+ * attached: its frees go to the heap's list, so malloc returns the block
+ * freed last. Its used count is then no count; detaching (the list given
+ * back) counts the blocks again. */
+TEST(attached_slab_reuses_the_block_freed_last) {
+  enum { N = 50, MORE = 400 };
+  void *ps[N], *more[MORE];
+  for (int i = 0; i < N; i++) ps[i] = malloc(720);
+  hak_slab_t *slab = slab_of_ptr(ps[0]);
+  hak_heap_t *heap = hak_tls_heap;
+  size_t cls = slab->cls;
+  int m = 0; /* use up the heap's clean run: frees stay on the slab */
+  while (heap->free[cls]) {
+    REQUIRE(m < MORE);
+    more[m++] = malloc(720);
+  }
+  for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  CHECK(slab->free_to == &slab->local_free);
+  CHECK(slab->local_free == ps[N - 1]);
+  void *a = malloc(720); /* the refill takes the freed blocks */
+  CHECK(a == ps[N - 1]);
+  CHECK(slab->free_to == &heap->free[cls]);
+  void *b = malloc(720);
+  free(a);
+  CHECK(heap->free[cls] == a && slab->local_free == NULL);
+  CHECK(malloc(720) == a);
+  /* 2^31 frees without a refill bring the count to 0: it starts over */
+  slab->used = 1;
+  free(a);
+  CHECK(slab->state == HAK_SLAB_ACTIVE && slab->used > slab->capacity);
+  free(b);
+  size_t listed = list_len(heap->free[cls]) + list_len(slab->local_free);
+  uint32_t reserved = slab->reserved;
+  hak_heap_return_list(heap, cls);
+  CHECK(slab->free_to == &slab->local_free);
+  CHECK(slab->used == reserved - listed);
+  int ours = 0;
+  for (int i = 0; i < m; i++) {
+    ours += slab_of_ptr(more[i]) == slab;
+    free(more[i]);
+  }
+  CHECK(slab->used == reserved - listed - ours);
+}
+
 typedef struct {
   void **ps;
   int n;
@@ -339,6 +390,9 @@ TEST(remote_frees_are_collected_by_owner) {
   hak_stats_get(&after);
   CHECK(after.remote_collects > before.remote_collects);
   CHECK(atomic_load(&slab->remote) == NULL);
+  /* the refill took the collected blocks, attaching the slab: detaching it
+   * counts its blocks again */
+  hak_heap_return_list(heap, cls);
   CHECK(slab->used <= used_before);
 }
 
