@@ -65,12 +65,12 @@ hak_heap_t *hak_heap_get(void) {
   hak_process_init();
   hak_heap_t *stale;
   h = heap_struct_alloc(hak_thread_token(), &stale);
+  if (h != NULL) hak_tls_heap = h; /* first: retiring may allocate */
   /* Its slabs would pass our free's owner test: a thread that allocated
    * again after its exit handler ran (or exited before the key existed)
-   * leaves its heap; retire it before anything is freed with our token. */
+   * leaves its heap; retire it before the program frees with our token. */
   if (stale) hak_heap_done(stale);
   if (h == NULL) return NULL;
-  hak_tls_heap = h;
   /* may allocate (glibc's second-level key array): the heap is ready */
   if (atomic_load_explicit(&hak_key_ready, memory_order_acquire))
     pthread_setspecific(hak_thread_key, h);

@@ -400,8 +400,9 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   size_t map_size = page_up(offset + size);
   hak_segment_t *seg = large_get(map_size, align, offset);
   /* Out of memory (or address space): what waits for a purge, in a cache
-   * or for the purger's unmap goes back to the OS, and one more try. */
-  if (seg == NULL) {
+   * or for the purger's unmap goes back to the OS, and one more try, unless
+   * the request is more than all hakmem holds (a probe for a huge size). */
+  if (seg == NULL && map_size <= atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed)) {
     hak_release_all();
     seg = large_get(map_size, align, offset);
   }
