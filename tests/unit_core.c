@@ -287,6 +287,22 @@ TEST(free_large_chunks_are_purged_after_delay) {
   CHECK(atomic_load(&hak_gstats.large_cached) == cached);
 }
 
+/* Out of memory, an allocation gives back what hakmem keeps and tries
+ * again, unless it asks for more than hakmem holds: a probe for a huge
+ * size fails with the caches left alone. */
+TEST(huge_request_fails_without_emptying_the_caches) {
+  size_t sz = (size_t)8 << 20;
+  uint8_t *a = malloc(sz);
+  REQUIRE(a != NULL);
+  memset(a, 3, sz);
+  free(a);
+  size_t cached = atomic_load(&hak_gstats.large_cached);
+  REQUIRE(cached >= sz);
+  errno = 0;
+  CHECK(malloc((size_t)1 << 47) == NULL && errno == ENOMEM); /* all user address space */
+  CHECK(atomic_load(&hak_gstats.large_cached) == cached);
+}
+
 TEST(local_free_and_used_count) {
   enum { N = 50 };
   void *ps[N];
