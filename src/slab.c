@@ -14,6 +14,16 @@
  * sets it back. */
 #define HAK_USED_ATTACHED (UINT32_C(1) << 31)
 
+/* Attached: the owner's frees go to the heap's list (see slab->free_to). */
+static inline bool slab_attached(const hak_slab_t *slab) {
+  return slab->free_to != &slab->local_free;
+}
+/* The owner's frees go to local_free again, and used is a count again. */
+static inline void slab_detach(hak_slab_t *slab, uint32_t used) {
+  slab->free_to = &slab->local_free;
+  slab->used = used;
+}
+
 static size_t list_length(const hak_block_t *list) {
   size_t n = 0;
   for (; list != NULL; list = hak_next(list)) n++;
@@ -52,10 +62,9 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab->capacity = (uint32_t)(hak_slab_bytes(seg, slab) / slab->block_size);
   slab->cls = (uint8_t)cls;
   slab->reserved = 0;
-  slab->used = 0;
+  slab_detach(slab, 0);
   slab->retiring = 0;
   slab->local_free = NULL;
-  slab->free_to = &slab->local_free;
   atomic_store_explicit(&slab->remote, NULL, memory_order_relaxed);
   HAK_ASSERT(slab->capacity > 0);
 }
@@ -131,8 +140,7 @@ static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *cle
 static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) {
   slab->retiring = 0;
   if (clean) {
-    slab->used = slab->reserved;
-    slab->free_to = &slab->local_free;
+    slab_detach(slab, slab->reserved);
   } else {
     slab->used = HAK_USED_ATTACHED;
     slab->free_to = &heap->free[slab->cls];
@@ -164,8 +172,7 @@ static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
 /* It has no free block: every reserved one is out. */
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
-  slab->free_to = &slab->local_free;
-  slab->used = slab->reserved;
+  slab_detach(slab, slab->reserved);
   hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
@@ -303,10 +310,8 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
 hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_slab_t *cur = heap->queue[cls].first;
   hak_block_t *list = heap->free[cls];
-  if (cur != NULL && cur->free_to != &cur->local_free) { /* detach: count again */
-    cur->free_to = &cur->local_free;
-    cur->used = cur->reserved - (uint32_t)list_length(cur->local_free);
-  }
+  if (cur != NULL && slab_attached(cur)) /* count again */
+    slab_detach(cur, cur->reserved - (uint32_t)list_length(cur->local_free));
   if (list == NULL) return cur;
   heap->free[cls] = NULL;
   hak_slab_give_back(cur, list);
@@ -339,7 +344,7 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
  * releases its slabs, and the purger returns the memory even though the
  * thread makes no further call. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
-  if (slab->free_to != &slab->local_free) { /* attached: not a count */
+  if (slab_attached(slab)) { /* used is not a count */
     slab->used = HAK_USED_ATTACHED;
     return;
   }
