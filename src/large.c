@@ -57,13 +57,19 @@ static bool in_arena(const void *p) {
          (const uint8_t *)p < arena + ARENA_CHUNKS * HAK_SEG_SIZE;
 }
 
+/* Every unit maps to slabs[0] by address: set again when the header moves
+ * (mremap), or free would read the descriptor at the old address. */
+static void header_units(hak_segment_t *s) {
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) s->unit_slab[u] = &s->slabs[0];
+}
+
 /* Only the fields and slabs[0] of a large header are used: the rest of
  * the struct would overlap the block (or the guard page). */
 static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool fresh) {
   s->kind = HAK_KIND_LARGE;
   s->slab_shift = 63;
   s->slab_count = 1;
-  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) s->unit_slab[u] = &s->slabs[0];
+  header_units(s);
   s->map_size = map_size;
   s->large_offset = offset;
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
@@ -341,6 +347,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   hak_segmap_set(seg, false);
   hak_stats_mapped(n << HAK_SEG_SHIFT, false);
   dst->map_size = new_map;
+  header_units(dst);
   hak_segmap_set(dst, true);
   r = dst;
 out:
@@ -483,6 +490,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   hak_os_unmap(raw, (size_t)(dst - raw));
   hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
   moved->map_size = new_map;
+  header_units(moved);
   hak_segmap_set(moved, true);
   return moved;
 }

@@ -15,6 +15,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <malloc.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/time.h>
 
@@ -195,6 +197,33 @@ TEST_T(oom_4MiB_blocks_enomem_then_recovers, 60) { oom_tier(4 * MiB); }
 
 /* 100k mixed operations at the limit: some fail, nothing crashes, contents
  * survive, and freed memory is reused. */
+/* Without the 64 GiB arena (the address space is too small for it), a
+ * large block lives in a mapping of its own; when mremap cannot grow it in
+ * place, the block and its header move. Frees and reallocs must then find
+ * the header where it went. */
+TEST_T(large_block_moved_by_mremap_is_freed_at_its_new_place, 30) {
+  limit_address_space(512 * MiB);
+  size_t size = 8 * MiB;
+  unsigned char *p = malloc(size);
+  REQUIRE(p != NULL);
+  memset(p, 0x5A, size);
+  /* a page right past the mapping: growing in place is impossible */
+  uintptr_t end = ((uintptr_t)p + size + 4095) & ~(uintptr_t)4095;
+  void *wall = mmap((void *)end, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                    -1, 0);
+  REQUIRE(wall == (void *)end);
+  unsigned char *q = realloc(p, 2 * size);
+  REQUIRE(q != NULL);
+  CHECK(q != p);
+  CHECK(q[0] == 0x5A && q[size - 1] == 0x5A);
+  CHECK(malloc_usable_size(q) >= 2 * size);
+  free(q);
+  void *r = malloc(size); /* the allocator still works */
+  CHECK(r != NULL);
+  free(r);
+  munmap(wall, 4096);
+}
+
 TEST_T(oom_mixed_100k_ops_at_the_limit, 90) {
   enum { SLOTS = 4096 };
   static struct { unsigned char *p; size_t size; uint64_t tag; } s[SLOTS];
