@@ -127,8 +127,7 @@ void hak_heaps_usage(hak_usage_t *u) {
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
     pthread_mutex_lock(&h->lock);
-    for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
-      for (hak_segment_t *seg = h->segments[k]; seg; seg = seg->next) hak_segment_usage(seg, u);
+    for (hak_segment_t *seg = h->segments; seg; seg = seg->next) hak_segment_usage(seg, u);
     pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&hak_heaps_lock);

@@ -49,7 +49,13 @@ _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
 HAK_INLINE size_t hak_size_class(size_t size) { return hak_fast_class[(size + 15) >> 4]; }
 HAK_INLINE unsigned hak_class_kind(size_t cls) {
   size_t bs = hak_class_size[cls];
-  return bs <= HAK_SMALL_MAX ? HAK_KIND_SMALL : bs <= HAK_MID_MAX ? HAK_KIND_MID : HAK_KIND_BIG;
+  return bs <= HAK_KIND_SMALL_MAX ? HAK_KIND_SMALL
+         : bs <= HAK_KIND_MID_MAX ? HAK_KIND_MID
+                                  : HAK_KIND_BIG;
+}
+/* Length of a slab of a kind, in units. */
+HAK_INLINE unsigned hak_kind_units(unsigned kind) {
+  return kind == HAK_KIND_SMALL ? 1 : kind == HAK_KIND_MID ? 8 : 16;
 }
 
 /* ---- os.c: the only place that talks to the kernel ---- */
@@ -106,14 +112,15 @@ HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
  * block aligned to 4 MiB (its header is in the chunk before): 0, which
  * maps to slab 0 all the same. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
-  return seg->unit_slab[((uintptr_t)p & HAK_SEG_MASK) >> HAK_SMALL_SLAB_SHIFT];
+  return seg->unit_slab[((uintptr_t)p & HAK_SEG_MASK) >> HAK_UNIT_SHIFT];
 }
 HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
-  size_t off = (size_t)slab->index << seg->slab_shift;
+  size_t off = (size_t)slab->index << HAK_UNIT_SHIFT;
   return (uint8_t *)seg + (off ? off : HAK_SEG_HEADER);
 }
 HAK_INLINE size_t hak_slab_bytes(hak_segment_t *seg, hak_slab_t *slab) {
-  return ((size_t)1 << seg->slab_shift) - (slab->index ? 0 : HAK_SEG_HEADER);
+  (void)seg;
+  return ((size_t)slab->units << HAK_UNIT_SHIFT) - (slab->index ? 0 : HAK_SEG_HEADER);
 }
 /* A slab's state is read by other threads (remote frees look for FULL and
  * FREE slabs) while its owner changes it: relaxed atomics, plain movs. */
@@ -144,10 +151,10 @@ HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
 
 /* ---- segment.c ---- */
 void hak_segmap_set(hak_segment_t *seg, bool on);
-/* A FREE slab of `kind` for heap (own segments, then adopted, cached or new
- * ones); NULL when out of memory. May adopt abandoned segments: the caller
- * re-checks its queues when *adopted is set. */
-hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopted);
+/* A FREE slab for class cls in heap's segments (then adopted, cached or
+ * new ones), its units set; NULL when out of memory. May adopt abandoned
+ * segments: the caller re-checks its queues when *adopted is set. */
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted);
 /* Marks a slab FREE; releases its segment when it was the last one. */
 void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab);
 /* Heap is going away: release or abandon every segment it owns. */
@@ -346,7 +353,7 @@ HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 
 HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
   uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
-  hak_slab_t *slab = seg->unit_slab[off >> HAK_SMALL_SLAB_SHIFT];
+  hak_slab_t *slab = seg->unit_slab[off >> HAK_UNIT_SHIFT];
   return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
                  hak_slab_is_block(slab, off)
              ? slab

@@ -67,8 +67,6 @@ static void header_units(hak_segment_t *s) {
  * the struct would overlap the block (or the guard page). */
 static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool fresh) {
   s->kind = HAK_KIND_LARGE;
-  s->slab_shift = 63;
-  s->slab_count = 1;
   header_units(s);
   s->map_size = map_size;
   s->large_offset = offset;

@@ -1,24 +1,25 @@
-/* Segments: 4 MiB aligned regions split into slabs of one kind.
- * A segment belongs to one heap, is abandoned when its thread exits (and
- * adopted by the next heap that needs a slab of its kind), and goes to a
- * small global cache when all its slabs are free. The global lock guards
- * only the abandoned lists and the cache: memory coming from or going back
- * to the OS. */
+/* Segments: 4 MiB aligned regions of 64 units of 64 KiB. A slab is a run
+ * of 1, 8 or 16 units, placed where the most units are still committed;
+ * a freed slab's units serve slabs of any kind. A segment belongs to one
+ * heap, is abandoned when its thread exits (and adopted by the next heap
+ * that needs a slab), and goes to a small global cache when all its units
+ * are free. The global lock guards only the abandoned list and the cache:
+ * memory coming from or going back to the OS. */
 #include "internal.h"
 
 _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Segments of exited threads, per kind, doubly linked through next/prev so
- * that a thread freeing into one can take it out (reclaim on free). All
- * under hak_segment_lock. */
-static hak_segment_t *abandoned[HAK_KIND_COUNT];
+/* Segments of exited threads, doubly linked through next/prev so that a
+ * thread freeing into one can take it out (reclaim on free). All under
+ * hak_segment_lock. */
+static hak_segment_t *abandoned;
 static hak_segment_t *cache;
 static size_t cache_count;
 
-static const uint8_t kind_shift[HAK_KIND_COUNT] = {
-    HAK_SMALL_SLAB_SHIFT, HAK_MID_SLAB_SHIFT, HAK_BIG_SLAB_SHIFT};
+#define ALL_UNITS UINT64_MAX
 
+_Static_assert(HAK_MAX_SLABS == 64, "one bit per unit in a uint64_t");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_PAGE_SIZE,
                "segment header too big");
 _Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
@@ -28,7 +29,29 @@ void hak_segmap_set(hak_segment_t *seg, bool on) {
   atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], on, memory_order_release);
 }
 
-/* ---- segment lists: a heap's own, per kind, and the abandoned ones ---- */
+/* Units first .. first + n - 1 as a mask. */
+static inline uint64_t units_mask(unsigned first, unsigned n) {
+  return (n >= 64 ? ALL_UNITS : ((UINT64_C(1) << n) - 1)) << first;
+}
+
+/* The slab in use that starts at or after unit *u, *u moved past it; NULL
+ * when there is none. */
+static hak_slab_t *slab_from(hak_segment_t *seg, unsigned *u) {
+  if (*u >= HAK_MAX_SLABS) return NULL;
+  uint64_t used = ~seg->free_units & (ALL_UNITS << *u);
+  if (used == 0) return NULL;
+  hak_slab_t *s = &seg->slabs[__builtin_ctzll(used)];
+  *u = s->index + s->units;
+  return s;
+}
+
+/* Bytes of unit u available to slabs, and where they start. */
+static size_t unit_bytes(unsigned u) { return HAK_UNIT_SIZE - (u ? 0 : HAK_SEG_HEADER); }
+static uint8_t *unit_start(hak_segment_t *seg, unsigned u) {
+  return (uint8_t *)seg + (u ? (size_t)u << HAK_UNIT_SHIFT : HAK_SEG_HEADER);
+}
+
+/* ---- segment lists: a heap's own, and the abandoned ones ---- */
 
 static void list_push(hak_segment_t **head, hak_segment_t *seg) {
   seg->prev = NULL;
@@ -45,22 +68,22 @@ static void list_remove(hak_segment_t **head, hak_segment_t *seg) {
 }
 
 static void heap_link(hak_heap_t *heap, hak_segment_t *seg) {
-  list_push(&heap->segments[seg->kind], seg);
+  list_push(&heap->segments, seg);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
 }
 
 static void heap_unlink(hak_heap_t *heap, hak_segment_t *seg) {
-  list_remove(&heap->segments[seg->kind], seg);
+  list_remove(&heap->segments, seg);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
 }
 
 static void abandoned_push(hak_segment_t *seg) {
-  list_push(&abandoned[seg->kind], seg);
+  list_push(&abandoned, seg);
   seg->abandoned = 1;
 }
 
 static void abandoned_remove(hak_segment_t *seg) {
-  list_remove(&abandoned[seg->kind], seg);
+  list_remove(&abandoned, seg);
   seg->abandoned = 0;
 }
 
@@ -68,8 +91,8 @@ static void abandoned_remove(hak_segment_t *seg) {
 
 static void segment_unmap(hak_segment_t *seg) {
   hak_segmap_set(seg, false);
-  for (unsigned i = 0; i < seg->slab_count; i++) /* unmap counts them again */
-    if (seg->slabs[i].purged) HAK_STAT_ADD(committed, hak_slab_bytes(seg, &seg->slabs[i]));
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) /* unmap counts them again */
+    if (seg->purged_units >> u & 1) HAK_STAT_ADD(committed, unit_bytes(u));
   HAK_STAT_SUB(segments, 1);
   if (!hak_purge_unmap_later(seg, HAK_SEG_SIZE)) hak_os_unmap(seg, HAK_SEG_SIZE);
 }
@@ -89,7 +112,7 @@ static void cache_put(hak_segment_t *seg) {
   }
   pthread_mutex_unlock(&hak_segment_lock);
   if (unmap_now) segment_unmap(seg);
-  else if (hak_opt.purge_delay_ms == 0) { /* every slab of a cached segment is free */
+  else if (hak_opt.purge_delay_ms == 0) { /* every unit of a cached segment is free */
     uint64_t none = 0;
     purge_free_slabs(seg, 0, true, &none);
   }
@@ -142,20 +165,27 @@ static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
   __atomic_store_n(&s->dirty_tail, 0, __ATOMIC_RELEASE); /* after zero, for slab_extend */
 }
 
-/* Purges the segment's FREE slabs, and the dirty tails of its other slabs,
- * whose delay has passed (all if force); lowers *next to the earliest
- * deadline still pending (0: none). */
+/* Purges the segment's FREE units, and the dirty tails of its slabs, whose
+ * delay has passed (all if force), a run of units in one call; lowers
+ * *next to the earliest deadline still pending (0: none). */
 static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next) {
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
-    if (s->state != HAK_SLAB_FREE) {
-      if (s->dirty_tail && purge_due(s->dirty_since_ms, now, force, next)) purge_tail(seg, s);
-      continue;
-    }
-    if (s->purged || !purge_due(s->free_since_ms, now, force, next)) continue;
-    hak_os_purge(hak_slab_start(seg, s), hak_slab_bytes(seg, s));
-    s->purged = 1;
-    s->zero = 1;
+  hak_slab_t *s;
+  for (unsigned u = 0; (s = slab_from(seg, &u)) != NULL;)
+    if (s->dirty_tail && purge_due(s->dirty_since_ms, now, force, next)) purge_tail(seg, s);
+  uint64_t due = 0;
+  for (uint64_t todo = seg->free_units & ~seg->purged_units; todo; todo &= todo - 1) {
+    unsigned u = (unsigned)__builtin_ctzll(todo);
+    if (purge_due(seg->slabs[u].free_since_ms, now, force, next)) due |= UINT64_C(1) << u;
+  }
+  seg->purged_units |= due;
+  seg->zero_units |= due;
+  while (due) {
+    unsigned first = (unsigned)__builtin_ctzll(due);
+    uint64_t past = ~(due >> first);
+    unsigned n = past ? (unsigned)__builtin_ctzll(past) : HAK_MAX_SLABS;
+    uint8_t *from = unit_start(seg, first);
+    hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
+    due &= ~units_mask(first, n);
   }
 }
 
@@ -167,24 +197,20 @@ bool hak_segment_purge_abandoned(bool force) {
   uint64_t now = hak_clock_ms(), next = 0;
   hak_segment_t *release = NULL;
   pthread_mutex_lock(&hak_segment_lock);
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    hak_segment_t *seg = abandoned[k];
-    while (seg) {
-      hak_segment_t *after = seg->next;
-      for (unsigned i = 0; i < seg->slab_count; i++) {
-        hak_slab_t *s = &seg->slabs[i];
-        if (hak_slab_state(s) != HAK_SLAB_ORPHAN) continue;
-        hak_slab_collect_remote(s);
-        if (s->used == 0) slab_mark_free(NULL, s);
-      }
-      if (seg->used_slabs == 0) {
-        abandoned_remove(seg);
-        seg->next = release;
-        release = seg;
-      } else {
-        purge_free_slabs(seg, now, force, &next);
-      }
-      seg = after;
+  for (hak_segment_t *seg = abandoned, *after; seg; seg = after) {
+    after = seg->next;
+    hak_slab_t *s;
+    for (unsigned u = 0; (s = slab_from(seg, &u)) != NULL;) {
+      if (hak_slab_state(s) != HAK_SLAB_ORPHAN) continue;
+      hak_slab_collect_remote(s);
+      if (s->used == 0) slab_mark_free(NULL, s);
+    }
+    if (seg->free_units == ALL_UNITS) {
+      abandoned_remove(seg);
+      seg->next = release;
+      release = seg;
+    } else {
+      purge_free_slabs(seg, now, force, &next);
     }
   }
   pthread_mutex_unlock(&hak_segment_lock);
@@ -194,12 +220,6 @@ bool hak_segment_purge_abandoned(bool force) {
     cache_put(seg);
   }
   return next != 0;
-}
-
-static bool segment_all_purged(const hak_segment_t *seg) {
-  for (unsigned i = 0; i < seg->slab_count; i++)
-    if (!seg->slabs[i].purged) return false;
-  return true;
 }
 
 /* ---- releasing slabs ---- */
@@ -213,35 +233,49 @@ static void schedule_purge(hak_heap_t *heap, uint64_t since) {
   hak_purge_wake();
 }
 
-/* Marks a slab FREE and schedules its purge; the segment stays. */
-/* heap is NULL for a slab of an abandoned segment: the purger, which frees
+/* Marks a slab's units FREE and schedules their purge; the segment stays.
+ * heap is NULL for a slab of an abandoned segment: the purger, which frees
  * those, also purges them. */
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
   HAK_ASSERT(slab->free_to == &slab->local_free);
-  atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
-  hak_slab_set_state(slab, HAK_SLAB_FREE);
-  slab->zero = 0; /* its blocks were used */
-  slab->local_free = NULL;
-  slab->reserved = 0;
-  __atomic_store_n(&slab->dirty_tail, 0, __ATOMIC_RELAXED); /* all of it is purged */
-  slab->free_since_ms = hak_clock_ms();
-  seg->used_slabs--;
+  unsigned first = slab->index, n = slab->units;
+  /* Units past the blocks carved keep what they had: zero memory if the
+   * slab's unreserved memory was zero. */
+  size_t carved_end = (size_t)(hak_slab_start(seg, slab) - (uint8_t *)seg) +
+                      (size_t)slab->reserved * slab->block_size;
+  unsigned touched = (unsigned)((carved_end + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT) - first;
+  uint64_t span = units_mask(first, n);
+  uint64_t zero = slab->zero && touched < n ? units_mask(first + touched, n - touched) : 0;
+  uint64_t now = hak_clock_ms();
+  for (unsigned u = first; u < first + n; u++) {
+    hak_slab_t *c = &seg->slabs[u];
+    atomic_store_explicit(&c->owner, 0, memory_order_relaxed);
+    hak_slab_set_state(c, HAK_SLAB_FREE);
+    c->local_free = NULL;
+    c->reserved = 0;
+    c->units = 1;
+    __atomic_store_n(&c->dirty_tail, 0, __ATOMIC_RELAXED); /* all of it is purged */
+    c->free_since_ms = now;
+    seg->unit_slab[u] = c;
+  }
+  seg->zero_units = (seg->zero_units & ~span) | zero;
+  seg->free_units |= span;
   if (hak_opt.purge_delay_ms == 0) {
-    hak_os_purge(hak_slab_start(seg, slab), hak_slab_bytes(seg, slab));
-    slab->purged = 1;
-    slab->zero = 1;
+    uint8_t *from = unit_start(seg, first);
+    hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
+    seg->purged_units |= span;
+    seg->zero_units |= span;
   } else {
-    schedule_purge(heap, slab->free_since_ms);
+    schedule_purge(heap, now);
   }
 }
 
-/* An empty segment goes to the cache unless it is the heap's only one of
- * its kind (kept to avoid map/unmap thrash at a size boundary). True if it
- * went. */
+/* An empty segment goes to the cache unless it is the heap's only one
+ * (kept to avoid map/unmap thrash). True if it went. */
 static bool segment_release_if_empty(hak_heap_t *heap, hak_segment_t *seg) {
-  if (seg->used_slabs != 0 || (!seg->prev && !seg->next)) return false;
+  if (seg->free_units != ALL_UNITS || (!seg->prev && !seg->next)) return false;
   heap_unlink(heap, seg);
   cache_put(seg);
   return true;
@@ -254,35 +288,23 @@ void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
 
 /* ---- acquiring segments and slabs ---- */
 
-static void segment_init(hak_segment_t *seg, unsigned kind, bool fresh) {
-  bool purged[HAK_MAX_SLABS];
-  unsigned old_count = fresh ? 0 : seg->slab_count;
-  for (unsigned i = 0; i < HAK_MAX_SLABS; i++) purged[i] = false;
-  /* A reused segment keeps track of which parts are still committed, per
-   * old slab; a part is purged only if it was purged under the old layout. */
-  if (!fresh) {
-    unsigned shift = seg->slab_shift;
-    for (unsigned i = 0; i < HAK_MAX_SLABS; i++) {
-      unsigned old = (unsigned)(((size_t)i << HAK_SMALL_SLAB_SHIFT) >> shift);
-      purged[i] = old < old_count ? seg->slabs[old].purged : true;
-    }
-  }
+/* A reused segment keeps track of which units are still committed. */
+static void segment_init(hak_segment_t *seg, bool fresh) {
+  uint64_t zero = fresh ? ALL_UNITS : seg->zero_units;
+  uint64_t purged = fresh ? 0 : seg->purged_units;
+  uint64_t now = hak_clock_ms();
   memset(seg, 0, sizeof *seg);
-  seg->kind = (uint8_t)kind;
-  seg->slab_shift = kind_shift[kind];
-  seg->slab_count = (uint8_t)(HAK_SEG_SIZE >> seg->slab_shift);
   seg->map_size = HAK_SEG_SIZE;
-  unsigned per = HAK_MAX_SLABS / seg->slab_count; /* 64 KiB units per slab */
-  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) seg->unit_slab[u] = &seg->slabs[u / per];
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
-    s->index = (uint8_t)i;
+  seg->free_units = ALL_UNITS;
+  seg->zero_units = zero;
+  seg->purged_units = purged;
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) {
+    hak_slab_t *s = &seg->slabs[u];
+    seg->unit_slab[u] = s;
+    s->index = (uint8_t)u;
+    s->units = 1;
     s->state = HAK_SLAB_FREE;
-    /* committed if any of its 64 KiB parts is: a purge covers it all */
-    bool all_purged = true;
-    for (unsigned j = 0; j < per; j++) all_purged &= purged[i * per + j];
-    s->purged = all_purged;
-    s->zero = fresh || all_purged;
+    s->free_since_ms = now;
   }
 }
 
@@ -301,60 +323,132 @@ static hak_segment_t *segment_new(void) {
   return seg;
 }
 
-/* Takes a FREE slab of seg, preferring one whose memory is still
- * committed: reusing it costs no page faults and no new RSS. */
-static hak_slab_t *segment_take_slab(hak_heap_t *heap, hak_segment_t *seg) {
-  hak_slab_t *s = NULL;
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *c = &seg->slabs[i];
-    if (c->state != HAK_SLAB_FREE) continue;
-    if (s == NULL || !c->zero) s = c;
-    if (!c->zero) break;
+/* Bit f set where units f .. f + n - 1 all have their bit set in units. */
+static uint64_t run_starts(uint64_t units, unsigned n) {
+  for (unsigned len = 1; len < n && units;) {
+    unsigned shift = len < n - len ? len : n - len;
+    units &= units >> shift;
+    len += shift;
   }
-  if (s != NULL) {
-    if (s->purged) {
-      HAK_STAT_ADD(committed, hak_slab_bytes(seg, s));
-      s->purged = 0;
+  return units;
+}
+
+/* Where n units would go in seg: free ones, as many of them committed as
+ * can be (reusing them costs no page faults and no new RSS), then in the
+ * shortest run of free units that fits, at one end of it, so that long
+ * runs stay whole for big slabs (best fit). Returns whether any fits, its
+ * first unit in *at and its score in *score (higher is better). */
+static bool span_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *score) {
+  uint64_t fr = seg->free_units, used = ~fr, dirty = fr & ~seg->zero_units;
+  uint64_t starts = run_starts(dirty, n);
+  bool all_dirty = starts != 0;
+  if (!all_dirty) starts = run_starts(fr, n);
+  bool found = false;
+  for (; starts; starts &= starts - 1) {
+    unsigned f = (unsigned)__builtin_ctzll(starts), end = f + n;
+    uint64_t below = used & units_mask(0, f), above = end < HAK_MAX_SLABS ? used >> end : 1;
+    unsigned left = below ? f - 1 - (63 - (unsigned)__builtin_clzll(below)) : f;
+    unsigned right = above ? (unsigned)__builtin_ctzll(above) : HAK_MAX_SLABS - end;
+    unsigned committed = all_dirty ? n : (unsigned)__builtin_popcountll(dirty & units_mask(f, n));
+    int sc = (int)committed * 256 - (int)(left + right) * 2 - (left && right);
+    if (!found || sc > *score) {
+      found = true;
+      *score = sc;
+      *at = f;
     }
-    if (!s->zero && hak_opt.purge_delay_ms != 0) {
-      s->dirty_since_ms = hak_clock_ms();
-      __atomic_store_n(&s->dirty_tail, 1, __ATOMIC_RELAXED);
-      schedule_purge(heap, s->dirty_since_ms);
-    }
-    seg->used_slabs++;
-    HAK_STAT_ADD(slabs_allocated, 1);
   }
+  return found;
+}
+
+/* Units first .. first + n - 1 of seg become a FREE slab. */
+static hak_slab_t *span_take(hak_heap_t *heap, hak_segment_t *seg, unsigned first, unsigned n) {
+  uint64_t span = units_mask(first, n);
+  hak_slab_t *s = &seg->slabs[first];
+  for (uint64_t p = seg->purged_units & span; p; p &= p - 1)
+    HAK_STAT_ADD(committed, unit_bytes((unsigned)__builtin_ctzll(p)));
+  s->zero = (seg->zero_units & span) == span;
+  seg->free_units &= ~span;
+  seg->zero_units &= ~span;
+  seg->purged_units &= ~span;
+  for (unsigned u = first; u < first + n; u++) seg->unit_slab[u] = s;
+  s->units = (uint8_t)n;
+  if (!s->zero && hak_opt.purge_delay_ms != 0) {
+    s->dirty_since_ms = hak_clock_ms();
+    __atomic_store_n(&s->dirty_tail, 1, __ATOMIC_RELAXED);
+    schedule_purge(heap, s->dirty_since_ms);
+  }
+  HAK_STAT_ADD(slabs_allocated, 1);
   return s;
 }
 
 /* Takes an abandoned segment; false if it was empty and went away. */
 static bool segment_adopt(hak_heap_t *heap, hak_segment_t *seg) {
   heap_link(heap, seg);
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
+  hak_slab_t *s;
+  for (unsigned u = 0; (s = slab_from(seg, &u)) != NULL;)
     if (s->state == HAK_SLAB_ORPHAN && !hak_slab_adopt(heap, s)) slab_mark_free(heap, s);
-  }
   return !segment_release_if_empty(heap, seg);
 }
 
-static hak_segment_t *pop_abandoned(unsigned kind) {
+static hak_segment_t *pop_abandoned(void) {
   pthread_mutex_lock(&hak_segment_lock);
-  hak_segment_t *seg = abandoned[kind];
+  hak_segment_t *seg = abandoned;
   if (seg) abandoned_remove(seg);
   pthread_mutex_unlock(&hak_segment_lock);
   return seg;
 }
 
-hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopted) {
-  *adopted = false;
-  for (hak_segment_t *seg = heap->segments[kind]; seg; seg = seg->next) {
-    if (seg->used_slabs < seg->slab_count) return segment_take_slab(heap, seg);
+/* The best place for n units among heap's segments: false if none fits. */
+static bool heap_find_span(hak_heap_t *heap, unsigned n, hak_segment_t **where, unsigned *at,
+                           int *best) {
+  *where = NULL;
+  for (hak_segment_t *seg = heap->segments; seg; seg = seg->next) {
+    unsigned f;
+    int score;
+    if (seg->free_units == 0 || !span_find(seg, n, &f, &score)) continue;
+    if (*where == NULL || score > *best) {
+      *best = score;
+      *where = seg;
+      *at = f;
+      if (score == (int)n * 256) break; /* committed, fills a run exactly */
+    }
   }
-  hak_segment_t *seg = pop_abandoned(kind);
+  return *where != NULL;
+}
+
+/* Whether a span_find score is that of units all committed. */
+static bool all_committed(int score, unsigned n) { return score > (int)(n - 1) * 256; }
+
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted) {
+  unsigned n = hak_kind_units(hak_class_kind(cls)), at = 0;
+  int score = 0;
+  hak_segment_t *where;
+  *adopted = false;
+  bool found = heap_find_span(heap, n, &where, &at, &score);
+  /* A slab that would need memory not committed yet is shortened, down to
+   * 4 blocks, to a run of units all committed: free units scattered
+   * between other slabs serve it, and the peak does not grow. */
+  size_t min_bytes = 4 * (size_t)hak_class_size[cls];
+  for (unsigned m = n / 2; !(found && all_committed(score, n)) && m > 0 &&
+                           ((size_t)m << HAK_UNIT_SHIFT) >= min_bytes;
+       m /= 2) {
+    hak_segment_t *w;
+    unsigned a;
+    int sc;
+    if (heap_find_span(heap, m, &w, &a, &sc) && all_committed(sc, m)) {
+      n = m;
+      where = w;
+      at = a;
+      score = sc;
+      found = true;
+    }
+  }
+  if (found) return span_take(heap, where, at, n);
+  hak_segment_t *seg = pop_abandoned();
   if (seg) {
     *adopted = true;
     bool ours = segment_adopt(heap, seg);
-    return ours && seg->used_slabs < seg->slab_count ? segment_take_slab(heap, seg) : NULL;
+    return ours && span_find(seg, n, &at, &score) ? span_take(heap, seg, at, n) : NULL;
   }
   pthread_mutex_lock(&hak_segment_lock);
   seg = cache;
@@ -366,23 +460,22 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned kind, bool *adopte
   bool fresh = seg == NULL;
   if (fresh) seg = segment_new();
   if (seg == NULL) return NULL;
-  segment_init(seg, kind, fresh);
+  segment_init(seg, fresh);
   heap_link(heap, seg);
-  return segment_take_slab(heap, seg);
+  span_find(seg, n, &at, &score);
+  return span_take(heap, seg, at, n);
 }
 
 void hak_segment_purge(hak_heap_t *heap, bool force) {
   uint64_t now = hak_clock_ms(), next = 0;
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    for (hak_segment_t *seg = heap->segments[k], *after; seg; seg = after) {
-      after = seg->next;
-      purge_free_slabs(seg, now, force, &next);
-      /* An empty segment kept against thrash (the heap's last of its kind)
-       * goes once all of it has been idle for the delay. */
-      if (seg->used_slabs == 0 && segment_all_purged(seg)) {
-        heap_unlink(heap, seg);
-        segment_unmap(seg);
-      }
+  for (hak_segment_t *seg = heap->segments, *after; seg; seg = after) {
+    after = seg->next;
+    purge_free_slabs(seg, now, force, &next);
+    /* An empty segment kept against thrash (the heap's last one) goes once
+     * all of it has been idle for the delay. */
+    if (seg->free_units == ALL_UNITS && seg->purged_units == ALL_UNITS) {
+      heap_unlink(heap, seg);
+      segment_unmap(seg);
     }
   }
   __atomic_store_n(&heap->next_purge_ms, next, __ATOMIC_RELAXED);
@@ -390,40 +483,41 @@ void hak_segment_purge(hak_heap_t *heap, bool force) {
 }
 
 void hak_segment_abandon_all(hak_heap_t *heap) {
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    while (heap->segments[k]) {
-      hak_segment_t *seg = heap->segments[k];
-      heap_unlink(heap, seg);
-      for (unsigned i = 0; i < seg->slab_count; i++) {
-        hak_slab_t *s = &seg->slabs[i];
-        if (s->state == HAK_SLAB_FREE) continue;
-        atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
-        hak_slab_collect_remote(s);
-        hak_slab_set_state(s, HAK_SLAB_ORPHAN);
-        if (s->used == 0) slab_mark_free(heap, s);
-      }
-      if (seg->used_slabs == 0) {
-        cache_put(seg);
-        continue;
-      }
-      pthread_mutex_lock(&hak_segment_lock);
-      abandoned_push(seg);
-      pthread_mutex_unlock(&hak_segment_lock);
-      hak_purge_wake();
+  while (heap->segments) {
+    hak_segment_t *seg = heap->segments;
+    heap_unlink(heap, seg);
+    hak_slab_t *s;
+    for (unsigned u = 0; (s = slab_from(seg, &u)) != NULL;) {
+      atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
+      hak_slab_collect_remote(s);
+      hak_slab_set_state(s, HAK_SLAB_ORPHAN);
+      if (s->used == 0) slab_mark_free(heap, s);
     }
+    if (seg->free_units == ALL_UNITS) {
+      cache_put(seg);
+      continue;
+    }
+    pthread_mutex_lock(&hak_segment_lock);
+    abandoned_push(seg);
+    pthread_mutex_unlock(&hak_segment_lock);
+    hak_purge_wake();
   }
+}
+
+/* Bytes of seg's FREE units that are still committed. */
+static size_t committed_free_bytes(const hak_segment_t *seg) {
+  size_t bytes = 0;
+  for (uint64_t c = seg->free_units & ~seg->purged_units; c; c &= c - 1)
+    bytes += unit_bytes((unsigned)__builtin_ctzll(c));
+  return bytes;
 }
 
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
   u->segments++;
-  for (unsigned i = 0; i < seg->slab_count; i++) {
-    hak_slab_t *s = &seg->slabs[i];
-    size_t bytes = hak_slab_bytes(seg, s);
-    if (hak_slab_state(s) == HAK_SLAB_FREE) {
-      u->slabs_free++;
-      if (!s->purged) u->cached_bytes += bytes;
-      continue;
-    }
+  u->slabs_free += (size_t)__builtin_popcountll(seg->free_units);
+  u->cached_bytes += committed_free_bytes(seg);
+  hak_slab_t *s;
+  for (unsigned i = 0; (s = slab_from(seg, &i)) != NULL;) {
     uint32_t used = __atomic_load_n(&s->used, __ATOMIC_RELAXED);
     if (used > s->reserved) used = s->reserved; /* attached (see slab->used) */
     u->slabs_used++;
@@ -436,12 +530,10 @@ void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
 
 void hak_segment_usage_abandoned(hak_usage_t *u) {
   pthread_mutex_lock(&hak_segment_lock);
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++)
-    for (hak_segment_t *seg = abandoned[k]; seg; seg = seg->next) hak_segment_usage(seg, u);
+  for (hak_segment_t *seg = abandoned; seg; seg = seg->next) hak_segment_usage(seg, u);
   for (hak_segment_t *seg = cache; seg; seg = seg->next) {
     u->segments++;
-    for (unsigned i = 0; i < seg->slab_count; i++)
-      if (!seg->slabs[i].purged) u->cached_bytes += hak_slab_bytes(seg, &seg->slabs[i]);
+    u->cached_bytes += committed_free_bytes(seg);
   }
   pthread_mutex_unlock(&hak_segment_lock);
 }
@@ -459,8 +551,6 @@ bool hak_segment_reclaim_one(hak_heap_t *heap, hak_segment_t *seg) {
 }
 
 void hak_segment_reclaim_abandoned(hak_heap_t *heap) {
-  for (unsigned k = 0; k < HAK_KIND_COUNT; k++) {
-    hak_segment_t *seg;
-    while ((seg = pop_abandoned(k)) != NULL) segment_adopt(heap, seg);
-  }
+  hak_segment_t *seg;
+  while ((seg = pop_abandoned()) != NULL) segment_adopt(heap, seg);
 }

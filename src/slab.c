@@ -251,7 +251,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     }
     bool adopted;
     pthread_mutex_lock(&heap->lock);
-    slab = hak_segment_alloc_slab(heap, hak_class_kind(cls), &adopted);
+    slab = hak_segment_alloc_slab(heap, cls, &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
     pthread_mutex_unlock(&heap->lock);

@@ -4,10 +4,11 @@
  *   override  -> alloc/free (API) -> heap -> slab -> segment/large -> os
  *   options, stats and init are used by every layer and use only os.
  *
- * Memory is taken from the OS in 4 MiB aligned *segments*. A segment holds
- * slabs of one size (64 KiB, 512 KiB or the whole segment); a slab holds
- * blocks of one size class. Large blocks get a segment-aligned mapping of
- * their own with the same header, so for every pointer p handed out,
+ * Memory is taken from the OS in 4 MiB aligned *segments* of 64 KiB *units*.
+ * A slab is a run of 1, 8 or 16 units (its kind, set by its size class) and
+ * holds blocks of one size class; a segment holds slabs of every kind, so
+ * the memory one class gave back serves any other. Large blocks get a
+ * segment-aligned mapping of their own with the same header, so for every pointer p handed out,
  * (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
  * block aligned to >= 4 MiB sits exactly at the end of its header's chunk. */
 #ifndef HAK_TYPES_H
@@ -43,25 +44,26 @@
 #define HAK_CANARY ((size_t)0)
 #endif
 
-/* Slab kinds: each segment holds slabs of one kind. */
+/* Slab kinds, i.e. slab lengths: at least 6 blocks per slab up to 64 KiB,
+ * and no longer, so that a class holds little memory it does not use. */
 enum {
-  HAK_KIND_SMALL = 0, /* 64 KiB slabs, classes <= 1 KiB */
-  HAK_KIND_MID = 1,   /* 512 KiB slabs, classes <= 32 KiB */
-  HAK_KIND_BIG = 2,   /* 1 MiB slabs, classes <= 256 KiB */
+  HAK_KIND_SMALL = 0, /* 64 KiB slabs (1 unit), classes <= 8 KiB */
+  HAK_KIND_MID = 1,   /* 512 KiB slabs (8 units), classes <= 32 KiB */
+  HAK_KIND_BIG = 2,   /* 1 MiB slabs (16 units), classes <= 256 KiB */
   HAK_KIND_COUNT = 3,
-  HAK_KIND_LARGE = 3, /* a single large block */
+  HAK_KIND_LARGE = 3, /* seg->kind of a single large block (else 0) */
 };
-#define HAK_SMALL_SLAB_SHIFT 16
-#define HAK_MID_SLAB_SHIFT 19
-#define HAK_BIG_SLAB_SHIFT 20
-#define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_SMALL_SLAB_SHIFT) /* 64 */
+#define HAK_KIND_SMALL_MAX ((size_t)8192)
+#define HAK_KIND_MID_MAX ((size_t)32768)
+#define HAK_UNIT_SHIFT 16
+#define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
+#define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */
 
 /* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
  * steps per doubling, <= 12.5% waste) and 32 mid classes (4 per doubling up
  * to 256 KiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
 #define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
-#define HAK_MID_MAX ((size_t)32768)
 #define HAK_BIG_MAX ((size_t)262144)
 #define HAK_SMALL_CLASSES 32
 #define HAK_CLASSES 64
@@ -109,15 +111,15 @@ struct __attribute__((aligned(64))) hak_slab_s {
   uint32_t reserved;   /* blocks carved from the slab so far */
   uint8_t cls;
   uint8_t state;  /* hak_slab_state_t */
-  uint8_t purged; /* FREE slab whose memory went back to the OS */
-  uint8_t index;  /* position in the segment */
+  uint8_t units;  /* its length in units (1 while FREE) */
+  uint8_t index;  /* its first unit */
   hak_block_t *local_free; /* blocks freed by the owner */
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   union {
     struct {
       hak_slab_t *next, *prev; /* heap queue or full list */
     };
-    uint64_t free_since_ms; /* FREE: when it was released */
+    uint64_t free_since_ms; /* FREE: when the unit was released */
   };
   uint8_t zero; /* its unreserved memory is zero (fresh or purged) */
   /* The current slab of a class that shrank to it: released when it empties
@@ -132,20 +134,21 @@ struct __attribute__((aligned(64))) hak_slab_s {
 };
 
 struct hak_segment_s {
-  uint8_t slab_shift; /* 63 for a large block: every pointer maps to slab 0 */
-  uint8_t kind;
-  uint8_t slab_count;
+  uint8_t kind;         /* HAK_KIND_LARGE, or 0 for slabs */
   uint8_t fresh;        /* large: never handed out before (memory is zero) */
-  uint8_t abandoned;    /* on an abandoned list (guarded by the segment lock) */
-  uint32_t used_slabs;  /* slabs not FREE */
+  uint8_t abandoned;    /* on the abandoned list (guarded by the segment lock) */
+  /* One bit per unit: FREE units; of those, the ones whose memory is zero
+   * (never used, or purged), and the ones purged (returned to the OS). A
+   * FREE unit's descriptor is slabs[unit], in state HAK_SLAB_FREE. */
+  uint64_t free_units, zero_units, purged_units;
   _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned or cached */
   hak_segment_t *next, *prev; /* heap's segment list, or a global list */
   size_t map_size;    /* bytes mapped from the segment start */
   size_t large_size;  /* large: usable bytes */
   size_t large_offset;/* large: block offset from the segment start */
   uint64_t cached_since_ms;
-  /* The slab of each 64 KiB unit of the segment: free finds a slab with a
-   * constant shift and one load. */
+  /* The slab of each unit: free finds a slab with a constant shift and
+   * one load. A slab's descriptor is slabs[its first unit]. */
   hak_slab_t *unit_slab[HAK_MAX_SLABS];
   hak_slab_t slabs[HAK_MAX_SLABS];
 };
@@ -163,7 +166,7 @@ struct hak_heap_s {
   /* free[c] is a run of never-used blocks of zero memory: calloc need not
    * clear them (only the link word was written). */
   uint8_t clean[HAK_CLASSES];
-  hak_segment_t *segments[HAK_KIND_COUNT]; /* owned, per kind */
+  hak_segment_t *segments; /* owned */
   /* Set by another thread that freed into one of our FULL slabs: the next
    * refill looks at the full lists before taking a new slab. */
   _Atomic int full_remote;

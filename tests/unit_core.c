@@ -38,10 +38,10 @@ TEST(small_class_waste_at_most_12_5_percent) {
 }
 
 TEST(class_kinds_follow_size) {
-  CHECK(hak_class_kind(hak_size_class(1024)) == HAK_KIND_SMALL);
-  CHECK(hak_class_kind(hak_size_class(1025)) == HAK_KIND_MID);
-  CHECK(hak_class_kind(hak_size_class(HAK_MID_MAX)) == HAK_KIND_MID);
-  CHECK(hak_class_kind(hak_size_class(HAK_MID_MAX + 1)) == HAK_KIND_BIG);
+  CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX)) == HAK_KIND_SMALL);
+  CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX + 1)) == HAK_KIND_MID);
+  CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX)) == HAK_KIND_MID);
+  CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX + 1)) == HAK_KIND_BIG);
   CHECK(hak_class_kind(hak_size_class(HAK_BIG_MAX)) == HAK_KIND_BIG);
 }
 
@@ -56,8 +56,9 @@ TEST(segment_of_finds_header_by_mask) {
     REQUIRE(seg != NULL);
     CHECK(((uintptr_t)seg & HAK_SEG_MASK) == 0);
     CHECK(p > (uint8_t *)seg && p < (uint8_t *)seg + HAK_SEG_SIZE);
-    CHECK(seg->kind == hak_class_kind(hak_size_class(sizes[i])));
+    CHECK(seg->kind != HAK_KIND_LARGE);
     hak_slab_t *slab = hak_slab_of(seg, p);
+    CHECK(slab->units == hak_kind_units(hak_class_kind(hak_size_class(sizes[i]))));
     CHECK(slab->block_size == hak_class_size[hak_size_class(sizes[i])]);
     uint8_t *start = hak_slab_start(seg, slab);
     CHECK(p >= start && p + slab->block_size <= start + hak_slab_bytes(seg, slab));
@@ -149,6 +150,11 @@ static int resident_pages(void *start, size_t bytes) {
 
 /* Three slabs' worth of written 1000-byte blocks, all freed: the first
  * slab, which went back to its segment. */
+/* Whether the FREE unit at slab s went back to the OS. */
+static bool unit_purged(const hak_slab_t *s) {
+  return hak_segment_of_slab((hak_slab_t *)s)->purged_units >> s->index & 1;
+}
+
 static hak_slab_t *fill_three_slabs_and_free(void) {
   enum { N = 3 * 64 };
   void *ps[N];
@@ -429,6 +435,64 @@ TEST(empty_slabs_are_released) {
   CHECK(hak_tls_heap->free[hak_size_class(1024)] == NULL);
 }
 
+/* ---- units: slab memory shared by every kind ---- */
+
+/* Fills a first 16 KiB slab (8 units), starts a second, frees the first's
+ * blocks: it is not current, so its units go back to the segment, their
+ * memory still committed. */
+static hak_slab_t *release_mid_slab(void) {
+  enum { N = 40 }; /* 31 or 32 blocks per slab */
+  char *ps[N];
+  start_purger(); /* before: starting it allocates */
+  hak_release_all(); /* no committed free unit left: slabs get their full length */
+  for (int i = 0; i < N; i++) {
+    ps[i] = malloc(16000);
+    memset(ps[i], 3, 16000);
+  }
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  REQUIRE(first->units == 8 && first->state == HAK_SLAB_FULL);
+  for (int i = 0; i < N; i++)
+    if (slab_of_ptr(ps[i]) == first) free(ps[i]);
+  return first;
+}
+
+/* Free units of seg whose memory is committed. */
+static uint64_t committed_free_units(const hak_segment_t *seg) {
+  return seg->free_units & ~seg->zero_units;
+}
+
+TEST(freed_mid_slab_units_serve_a_small_slab) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_slab_t *first = release_mid_slab();
+  hak_segment_t *seg = hak_segment_of_slab(first);
+  unsigned unit = first->index;
+  REQUIRE(first->state == HAK_SLAB_FREE);
+  uint64_t committed = committed_free_units(seg);
+  REQUIRE(committed >> unit & 1);
+  void *q = malloc(3000); /* a class with no slab yet: 64 KiB slabs */
+  hak_slab_t *s = slab_of_ptr(q);
+  CHECK(s->units == 1);
+  CHECK(hak_segment_of_slab(s) == seg);
+  CHECK_MSG(committed >> s->index & 1, "took unit %u, not a committed free one", s->index);
+  free(q);
+}
+
+TEST(big_slab_shortens_to_committed_units) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_slab_t *first = release_mid_slab();
+  hak_segment_t *seg = hak_segment_of_slab(first);
+  uint64_t committed = committed_free_units(seg);
+  REQUIRE(first->state == HAK_SLAB_FREE);
+  /* a 64 KiB class takes 16 units; only 8 committed ones are free */
+  void *q = malloc(60000);
+  hak_slab_t *s = slab_of_ptr(q);
+  CHECK(s->units == 8);
+  CHECK(s->capacity >= 7);
+  uint64_t span = (s->units >= 64 ? UINT64_MAX : (UINT64_C(1) << s->units) - 1) << s->index;
+  CHECK(hak_segment_of_slab(s) == seg && (committed & span) == span);
+  free(q);
+}
+
 TEST(current_slab_stays_through_ping_pong) {
   start_purger();
   void *p = malloc(1024);
@@ -449,9 +513,9 @@ TEST(reused_slab_tail_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
   hak_slab_t *first = fill_three_slabs_and_free();
-  REQUIRE(first->state == HAK_SLAB_FREE && !first->purged);
-  /* a new class takes the lowest free slab: the one just released, whose
-   * memory is still committed beyond the blocks carved from it */
+  REQUIRE(first->state == HAK_SLAB_FREE && !unit_purged(first));
+  /* a new class takes a slab whose memory is still committed: the one just
+   * released, committed beyond the blocks carved from it */
   char *q = malloc(40);
   REQUIRE(slab_of_ptr(q) == first);
   memset(q, 7, 40);
@@ -479,7 +543,7 @@ TEST(freed_slab_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 0;
   hak_slab_t *first = fill_three_slabs_and_free();
   CHECK(first->state == HAK_SLAB_FREE);
-  CHECK(first->purged == 1);
+  CHECK(unit_purged(first));
   int resident = resident_pages(hak_slab_start(hak_segment_of_slab(first), first), 16 * 4096);
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
 }
@@ -489,10 +553,10 @@ TEST(purge_happens_without_further_allocation) {
   start_purger();
   hak_slab_t *first = fill_three_slabs_and_free();
   REQUIRE(first->state == HAK_SLAB_FREE);
-  CHECK(first->purged == 0); /* not yet: the delay has not passed */
+  CHECK(!unit_purged(first)); /* not yet: the delay has not passed */
   struct timespec ts = {0, 400 * 1000000L};
   nanosleep(&ts, NULL); /* no malloc or free from here on */
-  CHECK(first->purged == 1);
+  CHECK(unit_purged(first));
 }
 
 TEST(full_slab_comes_back_on_local_free) {
