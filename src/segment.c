@@ -157,9 +157,13 @@ static bool purge_due(uint64_t since, uint64_t now, bool force, uint64_t *next) 
 
 /* Purges the pages of an in-use slab beyond its reserved blocks. */
 static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
-  uintptr_t start = (uintptr_t)hak_slab_start(seg, s) + (uintptr_t)s->reserved * s->block_size;
+  uintptr_t carved = (uintptr_t)hak_slab_start(seg, s) + (uintptr_t)s->reserved * s->block_size;
   uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(seg, s);
-  start = (start + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  uintptr_t start = (carved + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  if (start > end) start = end;
+  /* The page of the last block carved keeps the old bytes past it, which
+   * the next block carved (calloc takes it as zero) begins with. */
+  memset((void *)carved, 0, start - carved);
   if (start < end) hak_os_purge((void *)start, end - start);
   s->zero = 1;
   __atomic_store_n(&s->dirty_tail, 0, __ATOMIC_RELEASE); /* after zero, for slab_extend */
