@@ -212,6 +212,47 @@ static void heap_revive_full(hak_heap_t *heap) {
   }
 }
 
+/* The list head is cleared before the call: with the store after it,
+ * gcc 12.2 at -O1 (the debug build) deleted every call to this function. */
+hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
+  hak_slab_t *cur = heap->queue[cls].first;
+  hak_block_t *list = heap->free[cls];
+  if (cur != NULL && slab_attached(cur)) /* count again */
+    slab_detach(cur, cur->reserved - (uint32_t)list_length(cur->local_free));
+  if (list == NULL) return cur;
+  heap->free[cls] = NULL;
+  hak_slab_give_back(cur, list);
+  return cur;
+}
+
+/* Class cls's current slab gets the heap's list back and retires: it is
+ * released now if that empties it, else when its last block is freed,
+ * unless the heap takes blocks from it again first. */
+static void class_retire(hak_heap_t *heap, size_t cls) {
+  hak_slab_t *cur = hak_heap_return_list(heap, cls);
+  if (cur == NULL) return;
+  if (cur->used == 0) {
+    hak_queue_remove(&heap->queue[cls], cur);
+    hak_segment_free_slab(heap, cur);
+  } else {
+    cur->retiring = 1;
+  }
+}
+
+/* Before a slab is taken: a class of multi-unit slabs whose list has not
+ * moved since the last slab was taken is idle, and retires its current
+ * slab, so that the new slab can reuse its memory: a program whose sizes
+ * drift (strings and arrays that grow) would otherwise keep the peak of
+ * every class it went through. (A one-unit slab holds little, and small
+ * classes idle between bursts: retiring them costs more than it saves.) */
+static void heap_retire_idle(hak_heap_t *heap) {
+  for (size_t c = HAK_FIRST_MULTI_UNIT_CLASS; c < HAK_CLASSES; c++) {
+    if (heap->queue[c].first == NULL) continue;
+    if (heap->free[c] == heap->seen[c]) class_retire(heap, c);
+    heap->seen[c] = heap->free[c];
+  }
+}
+
 /* The queues are the owner's alone: only taking a slab from the segments
  * (state the purger and fork also see) needs the heap lock. */
 static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
@@ -251,6 +292,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     }
     bool adopted;
     pthread_mutex_lock(&heap->lock);
+    heap_retire_idle(heap);
     slab = hak_segment_alloc_slab(heap, cls, &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
@@ -303,33 +345,6 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
   heap->free[cls] = list;
   HAK_CSTAT_ALLOC(cls, size);
   return hak_heap_pop(heap, cls);
-}
-
-/* The list head is cleared before the call: with the store after it,
- * gcc 12.2 at -O1 (the debug build) deleted every call to this function. */
-hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
-  hak_slab_t *cur = heap->queue[cls].first;
-  hak_block_t *list = heap->free[cls];
-  if (cur != NULL && slab_attached(cur)) /* count again */
-    slab_detach(cur, cur->reserved - (uint32_t)list_length(cur->local_free));
-  if (list == NULL) return cur;
-  heap->free[cls] = NULL;
-  hak_slab_give_back(cur, list);
-  return cur;
-}
-
-/* Class cls's current slab gets the heap's list back and retires: it is
- * released now if that empties it, else when its last block is freed,
- * unless the heap takes blocks from it again first. */
-static void class_retire(hak_heap_t *heap, size_t cls) {
-  hak_slab_t *cur = hak_heap_return_list(heap, cls);
-  if (cur == NULL) return;
-  if (cur->used == 0) {
-    hak_queue_remove(&heap->queue[cls], cur);
-    hak_segment_free_slab(heap, cur);
-  } else {
-    cur->retiring = 1;
-  }
 }
 
 /* Slabs released in a row, with none taken, after which every class

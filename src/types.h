@@ -55,6 +55,7 @@ enum {
 };
 #define HAK_KIND_SMALL_MAX ((size_t)8192)
 #define HAK_KIND_MID_MAX ((size_t)32768)
+#define HAK_FIRST_MULTI_UNIT_CLASS 44 /* the first class above HAK_KIND_SMALL_MAX */
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */
@@ -163,6 +164,8 @@ struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
   hak_slab_queue_t queue[HAK_CLASSES]; /* ACTIVE slabs; first = current */
   hak_slab_queue_t full[HAK_CLASSES];  /* FULL slabs */
+  /* free[c] when the last slab was taken (heap_retire_idle) */
+  hak_block_t *seen[HAK_CLASSES];
   /* free[c] is a run of never-used blocks of zero memory: calloc need not
    * clear them (only the link word was written). */
   uint8_t clean[HAK_CLASSES];

@@ -39,6 +39,7 @@ TEST(small_class_waste_at_most_12_5_percent) {
 
 TEST(class_kinds_follow_size) {
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX)) == HAK_KIND_SMALL);
+  CHECK(hak_class_size[HAK_FIRST_MULTI_UNIT_CLASS - 1] == HAK_KIND_SMALL_MAX);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX + 1)) == HAK_KIND_MID);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX)) == HAK_KIND_MID);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX + 1)) == HAK_KIND_BIG);
@@ -491,6 +492,25 @@ TEST(big_slab_shortens_to_committed_units) {
   uint64_t span = (s->units >= 64 ? UINT64_MAX : (UINT64_C(1) << s->units) - 1) << s->index;
   CHECK(hak_segment_of_slab(s) == seg && (committed & span) == span);
   free(q);
+}
+
+TEST(idle_class_retires_its_slab_when_another_is_taken) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger(); /* before: starting it allocates */
+  hak_release_all(); /* slabs get their full length */
+  void *ps[3];
+  for (int i = 0; i < 3; i++) ps[i] = malloc(40000);
+  hak_slab_t *idle = slab_of_ptr(ps[0]);
+  size_t cls = idle->cls;
+  for (int i = 0; i < 3; i++) free(ps[i]);
+  REQUIRE(idle->state == HAK_SLAB_ACTIVE); /* current: it stays when it empties */
+  /* two slabs taken: the first sees the class, the second finds it idle,
+   * and takes its units, still committed */
+  void *a = malloc(20000), *b = malloc(100000);
+  CHECK(hak_tls_heap->queue[cls].first != idle);
+  CHECK(slab_of_ptr(b) == idle && idle->cls == hak_size_class(100000));
+  free(a);
+  free(b);
 }
 
 TEST(current_slab_stays_through_ping_pong) {
