@@ -118,8 +118,7 @@ HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
   size_t off = (size_t)slab->index << HAK_UNIT_SHIFT;
   return (uint8_t *)seg + (off ? off : HAK_SEG_HEADER);
 }
-HAK_INLINE size_t hak_slab_bytes(hak_segment_t *seg, hak_slab_t *slab) {
-  (void)seg;
+HAK_INLINE size_t hak_slab_bytes(const hak_slab_t *slab) {
   return ((size_t)slab->units << HAK_UNIT_SHIFT) - (slab->index ? 0 : HAK_SEG_HEADER);
 }
 /* A slab's state is read by other threads (remote frees look for FULL and
@@ -221,7 +220,6 @@ extern pthread_mutex_t hak_heaps_lock;
 /* ---- usage: what is in use and free right now (introspection) ---- */
 typedef struct {
   size_t blocks_used[HAK_CLASSES], blocks_free[HAK_CLASSES];
-  size_t slabs_used, slabs_free, segments;
   size_t used_bytes;   /* slab blocks handed out (or in other threads' lists) */
   size_t free_bytes;   /* free space in slabs that are in use */
   size_t cached_bytes; /* free slabs, cached segments and large blocks */

@@ -158,7 +158,7 @@ static bool purge_due(uint64_t since, uint64_t now, bool force, uint64_t *next) 
 /* Purges the pages of an in-use slab beyond its reserved blocks. */
 static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
   uintptr_t carved = (uintptr_t)hak_slab_start(seg, s) + (uintptr_t)s->reserved * s->block_size;
-  uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(seg, s);
+  uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(s);
   uintptr_t start = (carved + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
   if (start > end) start = end;
   /* The page of the last block carved keeps the old bytes past it, which
@@ -517,14 +517,11 @@ static size_t committed_free_bytes(const hak_segment_t *seg) {
 }
 
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
-  u->segments++;
-  u->slabs_free += (size_t)__builtin_popcountll(seg->free_units);
   u->cached_bytes += committed_free_bytes(seg);
   hak_slab_t *s;
   for (unsigned i = 0; (s = slab_from(seg, &i)) != NULL;) {
     uint32_t used = __atomic_load_n(&s->used, __ATOMIC_RELAXED);
     if (used > s->reserved) used = s->reserved; /* attached (see slab->used) */
-    u->slabs_used++;
     u->blocks_used[s->cls] += used;
     u->blocks_free[s->cls] += s->capacity - used;
     u->used_bytes += (size_t)used * s->block_size;
@@ -535,10 +532,7 @@ void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
 void hak_segment_usage_abandoned(hak_usage_t *u) {
   pthread_mutex_lock(&hak_segment_lock);
   for (hak_segment_t *seg = abandoned; seg; seg = seg->next) hak_segment_usage(seg, u);
-  for (hak_segment_t *seg = cache; seg; seg = seg->next) {
-    u->segments++;
-    u->cached_bytes += committed_free_bytes(seg);
-  }
+  for (hak_segment_t *seg = cache; seg; seg = seg->next) u->cached_bytes += committed_free_bytes(seg);
   pthread_mutex_unlock(&hak_segment_lock);
 }
 

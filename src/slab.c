@@ -59,7 +59,7 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab->block_size = hak_class_size[cls];
   slab->magic = UINT64_MAX / slab->block_size + 1;
   slab->start_off = (uint32_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
-  slab->capacity = (uint32_t)(hak_slab_bytes(seg, slab) / slab->block_size);
+  slab->capacity = (uint32_t)(hak_slab_bytes(slab) / slab->block_size);
   slab->cls = (uint8_t)cls;
   slab->reserved = 0;
   slab_detach(slab, 0);

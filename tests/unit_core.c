@@ -62,7 +62,7 @@ TEST(segment_of_finds_header_by_mask) {
     CHECK(slab->units == hak_kind_units(hak_class_kind(hak_size_class(sizes[i]))));
     CHECK(slab->block_size == hak_class_size[hak_size_class(sizes[i])]);
     uint8_t *start = hak_slab_start(seg, slab);
-    CHECK(p >= start && p + slab->block_size <= start + hak_slab_bytes(seg, slab));
+    CHECK(p >= start && p + slab->block_size <= start + hak_slab_bytes(slab));
     CHECK((size_t)(p - start) % slab->block_size == 0);
     CHECK(hak_segment_of_slab(slab) == seg);
     free(p);
@@ -542,7 +542,7 @@ TEST(reused_slab_tail_is_purged_after_delay) {
   CHECK(first->dirty_tail);
   hak_segment_t *seg = hak_segment_of_slab(first);
   uint8_t *tail = hak_slab_start(seg, first) + 32768;
-  size_t tail_bytes = hak_slab_bytes(seg, first) - 32768;
+  size_t tail_bytes = hak_slab_bytes(first) - 32768;
   CHECK(resident_pages(tail, tail_bytes) > 0);
   struct timespec ts = {0, 400 * 1000000L};
   nanosleep(&ts, NULL);
