@@ -559,6 +559,40 @@ TEST(reused_slab_tail_is_purged_after_delay) {
   }
 }
 
+/* Once a reused slab's dirty tail is purged, everything past its carved
+ * blocks reads as zero: calloc hands out the next blocks carved without
+ * clearing them. The page of the last carved block is not purged, so what
+ * the slab's previous user left there must be cleared. */
+TEST(purged_tail_is_zero_from_the_last_carved_block) {
+  start_purger(); /* before: starting it allocates */
+  hak_release_all(); /* no committed free unit but the one released below */
+  hak_opt.purge_delay_ms = 50;
+  enum { N = 140 }; /* 1000 B blocks: two full 64 KiB slabs, and more */
+  char *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(1000);
+  hak_slab_t *old = slab_of_ptr(ps[0]);
+  for (int i = 0; i < N; i++)
+    if (slab_of_ptr(ps[i]) == old) free(ps[i]); /* not current: released */
+  REQUIRE(old->state == HAK_SLAB_FREE);
+  char *q = calloc(1, 48); /* 341 blocks of 48 B: 16368 bytes, 16 into a page */
+  hak_slab_t *s = slab_of_ptr(q);
+  REQUIRE(s == old && s->dirty_tail); /* the released unit, still committed */
+  uint8_t *carved = hak_slab_start(hak_segment_of_slab(s), s) + (size_t)s->reserved * 48;
+  size_t rest = (size_t)(-(uintptr_t)carved & 4095);
+  REQUIRE(rest > 8);
+  memset(carved, 0xAA, rest); /* what the previous user left */
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL); /* the purger purges the tail */
+  REQUIRE(!s->dirty_tail && s->zero);
+  size_t bad = 0;
+  for (int i = 0; i < 400; i++) { /* past the first run */
+    unsigned char *z = calloc(1, 48);
+    REQUIRE(z != NULL);
+    for (int j = 0; j < 48; j++) bad += z[j] != 0;
+  }
+  CHECK_MSG(bad == 0, "%zu non-zero bytes from calloc", bad);
+}
+
 TEST(freed_slab_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 0;
   hak_slab_t *first = fill_three_slabs_and_free();
