@@ -5,11 +5,12 @@
  *   options, stats and init are used by every layer and use only os.
  *
  * Memory is taken from the OS in 4 MiB aligned *segments* of 64 KiB *units*.
- * A slab is a run of 1, 8 or 16 units (its kind, set by its size class) and
- * holds blocks of one size class; a segment holds slabs of every kind, so
- * the memory one class gave back serves any other. Large blocks get a
- * segment-aligned mapping of their own with the same header, so for every pointer p handed out,
- * (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
+ * A slab is a run of 1, 8 or 16 units (its kind, set by its size class;
+ * shorter when only that many committed units are free) and holds blocks of
+ * one size class; a segment holds slabs of every kind, so the memory one
+ * class gave back serves any other. Large blocks get a segment-aligned
+ * mapping of their own with the same header, so for every pointer p handed
+ * out, (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
  * block aligned to >= 4 MiB sits exactly at the end of its header's chunk. */
 #ifndef HAK_TYPES_H
 #define HAK_TYPES_H
