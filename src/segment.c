@@ -45,10 +45,17 @@ static hak_slab_t *slab_from(hak_segment_t *seg, unsigned *u) {
   return s;
 }
 
-/* Bytes of unit u available to slabs, and where they start. */
-static size_t unit_bytes(unsigned u) { return HAK_UNIT_SIZE - (u ? 0 : HAK_SEG_HEADER); }
-static uint8_t *unit_start(hak_segment_t *seg, unsigned u) {
-  return (uint8_t *)seg + (u ? (size_t)u << HAK_UNIT_SHIFT : HAK_SEG_HEADER);
+/* Bytes available to slabs in the units of mask (unit 0 holds the header). */
+static size_t units_bytes(uint64_t mask) {
+  return (size_t)__builtin_popcountll(mask) * HAK_UNIT_SIZE - (mask & 1 ? HAK_SEG_HEADER : 0);
+}
+
+/* Gives units first .. first + n - 1 back to the OS: their memory is zero. */
+static void purge_units(hak_segment_t *seg, unsigned first, unsigned n) {
+  uint8_t *from = (uint8_t *)seg + (first ? (size_t)first << HAK_UNIT_SHIFT : HAK_SEG_HEADER);
+  hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
+  seg->purged_units |= units_mask(first, n);
+  seg->zero_units |= units_mask(first, n);
 }
 
 /* ---- segment lists: a heap's own, and the abandoned ones ---- */
@@ -91,8 +98,7 @@ static void abandoned_remove(hak_segment_t *seg) {
 
 static void segment_unmap(hak_segment_t *seg) {
   hak_segmap_set(seg, false);
-  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) /* unmap counts them again */
-    if (seg->purged_units >> u & 1) HAK_STAT_ADD(committed, unit_bytes(u));
+  HAK_STAT_ADD(committed, units_bytes(seg->purged_units)); /* unmap counts them again */
   HAK_STAT_SUB(segments, 1);
   if (!hak_purge_unmap_later(seg, HAK_SEG_SIZE)) hak_os_unmap(seg, HAK_SEG_SIZE);
 }
@@ -181,14 +187,11 @@ static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint6
     unsigned u = (unsigned)__builtin_ctzll(todo);
     if (purge_due(seg->slabs[u].free_since_ms, now, force, next)) due |= UINT64_C(1) << u;
   }
-  seg->purged_units |= due;
-  seg->zero_units |= due;
   while (due) {
     unsigned first = (unsigned)__builtin_ctzll(due);
     uint64_t past = ~(due >> first);
     unsigned n = past ? (unsigned)__builtin_ctzll(past) : HAK_MAX_SLABS;
-    uint8_t *from = unit_start(seg, first);
-    hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
+    purge_units(seg, first, n);
     due &= ~units_mask(first, n);
   }
 }
@@ -267,10 +270,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   seg->zero_units = (seg->zero_units & ~span) | zero;
   seg->free_units |= span;
   if (hak_opt.purge_delay_ms == 0) {
-    uint8_t *from = unit_start(seg, first);
-    hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
-    seg->purged_units |= span;
-    seg->zero_units |= span;
+    purge_units(seg, first, n);
   } else {
     schedule_purge(heap, now);
   }
@@ -368,8 +368,7 @@ static bool span_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *s
 static hak_slab_t *span_take(hak_heap_t *heap, hak_segment_t *seg, unsigned first, unsigned n) {
   uint64_t span = units_mask(first, n);
   hak_slab_t *s = &seg->slabs[first];
-  for (uint64_t p = seg->purged_units & span; p; p &= p - 1)
-    HAK_STAT_ADD(committed, unit_bytes((unsigned)__builtin_ctzll(p)));
+  HAK_STAT_ADD(committed, units_bytes(seg->purged_units & span));
   s->zero = (seg->zero_units & span) == span;
   seg->free_units &= ~span;
   seg->zero_units &= ~span;
@@ -510,10 +509,7 @@ void hak_segment_abandon_all(hak_heap_t *heap) {
 
 /* Bytes of seg's FREE units that are still committed. */
 static size_t committed_free_bytes(const hak_segment_t *seg) {
-  size_t bytes = 0;
-  for (uint64_t c = seg->free_units & ~seg->purged_units; c; c &= c - 1)
-    bytes += unit_bytes((unsigned)__builtin_ctzll(c));
-  return bytes;
+  return units_bytes(seg->free_units & ~seg->purged_units);
 }
 
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
