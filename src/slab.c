@@ -268,7 +268,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     pthread_mutex_unlock(&heap->lock);
   }
   hak_slab_queue_t *q = &heap->queue[cls];
-  bool released = false;
+  bool released = false, idle_seen = false;
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
     while (slab) {
@@ -292,7 +292,9 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     }
     bool adopted;
     pthread_mutex_lock(&heap->lock);
-    heap_retire_idle(heap);
+    /* once: a second look moments later would find every class idle */
+    if (!idle_seen) heap_retire_idle(heap);
+    idle_seen = true;
     slab = hak_segment_alloc_slab(heap, cls, &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
