@@ -149,19 +149,28 @@ static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) 
   }
 }
 
+static inline bool slab_has_freed(const hak_slab_t *slab) {
+  return slab->local_free != NULL || atomic_load_explicit(&slab->remote, memory_order_relaxed) != NULL;
+}
+
+/* The blocks freed to the slab, by its owner or others, as one list for
+ * the heap, or NULL. */
+static hak_block_t *slab_take_freed(hak_heap_t *heap, hak_slab_t *slab) {
+  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
+  hak_block_t *list = slab->local_free;
+  if (list == NULL) return NULL;
+  slab->local_free = NULL;
+  slab_all_out(heap, slab, false);
+  return list;
+}
+
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
  * tells whether they are never-used blocks of zero memory. */
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
-  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
-  hak_block_t *list = slab->local_free;
   *clean = 0;
-  if (list) {
-    slab->local_free = NULL;
-  } else if (slab->reserved < slab->capacity) {
-    list = slab_extend(heap, slab, clean);
-  } else {
-    return NULL;
-  }
+  hak_block_t *list = slab_take_freed(heap, slab);
+  if (list != NULL || slab->reserved == slab->capacity) return list;
+  list = slab_extend(heap, slab, clean);
   slab_all_out(heap, slab, *clean);
   return list;
 }
@@ -255,6 +264,9 @@ static void heap_retire_idle(hak_heap_t *heap) {
   }
 }
 
+/* Slabs of a class a refill looks at for freed blocks before carving. */
+#define HAK_REFILL_SCAN 4
+
 /* The queues are the owner's alone: only taking a slab from the segments
  * (state the purger and fork also see) needs the heap lock. */
 static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
@@ -270,6 +282,23 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     pthread_mutex_unlock(&heap->lock);
   }
   hak_slab_queue_t *q = &heap->queue[cls];
+  /* Blocks freed to the first few slabs come before blocks carved from the
+   * current one: carving touches new memory, and a slab left with its
+   * freed blocks could not empty (a thread that took over an exited one's
+   * slabs would otherwise keep both sets). */
+  hak_slab_t *freed = q->first;
+  for (unsigned n = 1; freed && !slab_has_freed(freed); n++)
+    freed = n < HAK_REFILL_SCAN ? freed->next : NULL;
+  if (freed) {
+    if (freed != q->first) {
+      hak_heap_return_list(heap, cls); /* detaches the current slab */
+      hak_queue_remove(q, freed);
+      hak_queue_push_front(q, freed);
+    }
+    heap->clean[cls] = 0;
+    heap->free[cls] = slab_take_freed(heap, freed);
+    return true;
+  }
   bool released = false, idle_seen = false;
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;

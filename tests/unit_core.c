@@ -644,6 +644,31 @@ TEST(full_slab_with_remote_frees_is_revived) {
   CHECK(reused);
 }
 
+TEST(refill_takes_freed_blocks_before_carving) {
+  enum { SIZE = 256, MAX = 1024 };
+  size_t cls = hak_size_class(SIZE);
+  void *ps[MAX], *more[MAX];
+  int n = 0, m = 0;
+  ps[n++] = malloc(SIZE);
+  hak_slab_t *a = slab_of_ptr(ps[0]), *b;
+  void *p;
+  while ((b = slab_of_ptr(p = malloc(SIZE))) == a && n < MAX) ps[n++] = p;
+  REQUIRE(b != a);
+  more[m++] = p;
+  for (int i = 0; i < n; i += 2) free(ps[i]); /* holes in the full slab */
+  while (hak_tls_heap->free[cls] != NULL && m < MAX) more[m++] = malloc(SIZE);
+  REQUIRE(hak_tls_heap->free[cls] == NULL && b->reserved < b->capacity);
+  uint32_t carved = b->reserved;
+  /* the current slab could carve more, but a's holes come first */
+  p = malloc(SIZE);
+  CHECK(slab_of_ptr(p) == a);
+  CHECK(b->reserved == carved);
+  CHECK(hak_tls_heap->queue[cls].first == a);
+  free(p);
+  for (int i = 1; i < n; i += 2) free(ps[i]);
+  for (int i = 0; i < m; i++) free(more[i]);
+}
+
 TEST(calloc_skips_clearing_fresh_memory_only) {
   size_t cls = hak_size_class(2500);
   unsigned char *p = calloc(1, 2500); /* first use of this class: fresh slab */
