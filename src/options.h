@@ -19,7 +19,8 @@
     "Return memory on time from a background thread even when the program "   \
     "stops calling malloc (1); 0 purges only during allocation.")              \
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
-    "Free 4 MiB segments kept mapped for reuse (their memory is purged).")     \
+    "Free 4 MiB segments kept mapped for reuse; only the last one cached "     \
+    "stays committed until the purge delay, the others are purged at once.")   \
   X(large_cache_mb, "LARGE_CACHE_MB", 128, 0, 65536,                           \
     "Megabytes of freed large blocks' memory (> 256 KiB) kept committed for "  \
     "reuse (or the live large bytes, if more); beyond it, the longest idle "   \

@@ -149,13 +149,13 @@ static int resident_pages(void *start, size_t bytes) {
   return n;
 }
 
-/* Three slabs' worth of written 1000-byte blocks, all freed: the first
- * slab, which went back to its segment. */
 /* Whether the FREE unit at slab s went back to the OS. */
 static bool unit_purged(const hak_slab_t *s) {
   return hak_segment_of_slab((hak_slab_t *)s)->purged_units >> s->index & 1;
 }
 
+/* Three slabs' worth of written 1000-byte blocks, all freed: the first
+ * slab, which went back to its segment. */
 static hak_slab_t *fill_three_slabs_and_free(void) {
   enum { N = 3 * 64 };
   void *ps[N];
@@ -806,6 +806,39 @@ TEST(thread_churn_reuses_segments) {
   }
   hak_stats_get(&s1);
   CHECK_MSG(s1.segments <= s0.segments + 2, "segments %zu -> %zu", s0.segments, s1.segments);
+}
+
+static pthread_barrier_t both_allocated;
+
+/* Writes blocks in a segment of its own, waits until the other thread has
+ * too, frees them and exits: its segment, all free, goes to the cache. */
+static void *fill_and_exit_together(void *arg) {
+  enum { N = 64 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = memset(malloc(1000), 1, 1000);
+  *(hak_slab_t **)arg = slab_of_ptr(ps[0]);
+  pthread_barrier_wait(&both_allocated);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  return NULL;
+}
+
+TEST(segment_cache_keeps_only_the_last_segment_committed) {
+  hak_opt.purge_delay_ms = 100000; /* no purge but the cache's own */
+  start_purger();
+  hak_slab_t *slab[2];
+  pthread_t t[2];
+  pthread_barrier_init(&both_allocated, NULL, 2);
+  for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&t[i], NULL, fill_and_exit_together, &slab[i]) == 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&both_allocated);
+  REQUIRE(hak_segment_of_slab(slab[0]) != hak_segment_of_slab(slab[1]));
+  REQUIRE(slab[0]->state == HAK_SLAB_FREE && slab[1]->state == HAK_SLAB_FREE);
+  /* whichever exited first was purged when the other's segment came */
+  CHECK(unit_purged(slab[0]) != unit_purged(slab[1]));
+  hak_slab_t *older = unit_purged(slab[0]) ? slab[0] : slab[1];
+  hak_segment_t *seg = hak_segment_of_slab(older);
+  CHECK_MSG(resident_pages(hak_slab_start(seg, older), HAK_UNIT_SIZE - HAK_SEG_HEADER) == 0,
+            "%d pages resident", resident_pages(hak_slab_start(seg, older), HAK_UNIT_SIZE - HAK_SEG_HEADER));
 }
 
 TEST(live_block_count_returns_to_zero) {
