@@ -155,7 +155,8 @@ static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) 
 }
 
 static inline bool slab_has_freed(const hak_slab_t *slab) {
-  return slab->local_free != NULL || atomic_load_explicit(&slab->remote, memory_order_relaxed) != NULL;
+  return slab->local_free != NULL ||
+         atomic_load_explicit(&slab->remote, memory_order_relaxed) != NULL;
 }
 
 /* Whether at least n blocks wait on the slab's lists. The remote list only

@@ -828,7 +828,8 @@ TEST(segment_cache_keeps_only_the_last_segment_committed) {
   hak_slab_t *slab[2];
   pthread_t t[2];
   pthread_barrier_init(&both_allocated, NULL, 2);
-  for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&t[i], NULL, fill_and_exit_together, &slab[i]) == 0);
+  for (int i = 0; i < 2; i++)
+    REQUIRE(pthread_create(&t[i], NULL, fill_and_exit_together, &slab[i]) == 0);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
   pthread_barrier_destroy(&both_allocated);
   REQUIRE(hak_segment_of_slab(slab[0]) != hak_segment_of_slab(slab[1]));
@@ -836,9 +837,9 @@ TEST(segment_cache_keeps_only_the_last_segment_committed) {
   /* whichever exited first was purged when the other's segment came */
   CHECK(unit_purged(slab[0]) != unit_purged(slab[1]));
   hak_slab_t *older = unit_purged(slab[0]) ? slab[0] : slab[1];
-  hak_segment_t *seg = hak_segment_of_slab(older);
-  CHECK_MSG(resident_pages(hak_slab_start(seg, older), HAK_UNIT_SIZE - HAK_SEG_HEADER) == 0,
-            "%d pages resident", resident_pages(hak_slab_start(seg, older), HAK_UNIT_SIZE - HAK_SEG_HEADER));
+  uint8_t *blocks = hak_slab_start(hak_segment_of_slab(older), older);
+  int resident = resident_pages(blocks, HAK_UNIT_SIZE - HAK_SEG_HEADER);
+  CHECK_MSG(resident == 0, "%d pages resident", resident);
 }
 
 TEST(live_block_count_returns_to_zero) {
