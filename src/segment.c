@@ -110,62 +110,29 @@ static void segment_unmap(hak_segment_t *seg) {
 
 static void purge_free_slabs(hak_segment_t *seg, uint64_t now, bool force, uint64_t *next);
 
-/* Takes the first cached segment that still has committed memory off the
- * list; NULL if none has. Under hak_segment_lock. */
-static hak_segment_t *cache_take_committed(void) {
-  for (hak_segment_t **pp = &cache; *pp; pp = &(*pp)->next) {
-    hak_segment_t *seg = *pp;
-    if (committed_free_bytes(seg) == 0) continue;
-    *pp = seg->next;
-    cache_count--;
-    return seg;
-  }
-  return NULL;
-}
-
-/* Adds seg at the end of the cache, as the last one to be reused; false if
- * the cache is full. Under hak_segment_lock. */
-static bool cache_append(hak_segment_t *seg) {
-  if (cache_count >= (size_t)hak_opt.segment_cache) return false;
-  hak_segment_t **pp = &cache;
-  while (*pp) pp = &(*pp)->next;
-  seg->next = NULL;
-  *pp = seg;
-  cache_count++;
-  return true;
-}
-
 /* The cache keeps only the segment cached last committed (it is reused
  * first); an older one is purged when a newer one comes. Threads that come
  * and go free whole segments in bursts, faster than new threads take them,
- * and a cache of committed segments would hold the peak of every burst. */
+ * and a cache of committed segments would hold the peak of every burst.
+ * The purge is done under the lock, so that no thread takes the segment
+ * and fork never copies it half purged. */
 static void cache_put(hak_segment_t *seg) {
   uint64_t none = 0;
   /* before it is in the cache, where another thread may take it */
   if (hak_opt.purge_delay_ms == 0) purge_free_slabs(seg, 0, true, &none);
-  hak_segment_t *older = NULL;
   pthread_mutex_lock(&hak_segment_lock);
   bool unmap_now = cache_count >= (size_t)hak_opt.segment_cache;
   if (!unmap_now) {
-    older = cache_take_committed();
+    for (hak_segment_t *older = cache; older; older = older->next)
+      if (committed_free_bytes(older) != 0) purge_free_slabs(older, 0, true, &none);
     seg->cached_since_ms = hak_clock_ms();
     seg->next = cache;
     cache = seg;
     cache_count++;
   }
   pthread_mutex_unlock(&hak_segment_lock);
-  if (unmap_now) {
-    segment_unmap(seg);
-    return;
-  }
-  if (older) {
-    purge_free_slabs(older, 0, true, &none);
-    pthread_mutex_lock(&hak_segment_lock);
-    bool kept = cache_append(older);
-    pthread_mutex_unlock(&hak_segment_lock);
-    if (!kept) segment_unmap(older);
-  }
-  if (hak_opt.purge_delay_ms != 0) hak_purge_wake();
+  if (unmap_now) segment_unmap(seg);
+  else if (hak_opt.purge_delay_ms != 0) hak_purge_wake();
 }
 
 bool hak_segment_cache_collect(bool force) {
