@@ -58,9 +58,16 @@ static bool in_arena(const void *p) {
 }
 
 /* Every unit maps to slabs[0] by address: set again when the header moves
- * (mremap), or free would read the descriptor at the old address. */
+ * (header_moved), or free would read the descriptor at the old address. */
 static void header_units(hak_segment_t *s) {
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++) s->unit_slab[u] = &s->slabs[0];
+}
+
+/* The header now at s (moved by mremap) maps map_size bytes. */
+static void header_moved(hak_segment_t *s, size_t map_size) {
+  s->map_size = map_size;
+  header_units(s);
+  hak_segmap_set(s, true);
 }
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
@@ -344,9 +351,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   block_fill(j, new_map, j + n);
   hak_segmap_set(seg, false);
   hak_stats_mapped(n << HAK_SEG_SHIFT, false);
-  dst->map_size = new_map;
-  header_units(dst);
-  hak_segmap_set(dst, true);
+  header_moved(dst, new_map);
   r = dst;
 out:
   pthread_mutex_unlock(&hak_large_lock);
@@ -487,9 +492,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   hak_stats_mapped(new_map, false);
   hak_os_unmap(raw, (size_t)(dst - raw));
   hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
-  moved->map_size = new_map;
-  header_units(moved);
-  hak_segmap_set(moved, true);
+  header_moved(moved, new_map);
   return moved;
 }
 

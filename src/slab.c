@@ -169,24 +169,19 @@ static bool slab_freed_at_least(const hak_slab_t *slab, size_t n) {
   return n == 0;
 }
 
-/* The blocks freed to the slab, by its owner or others, as one list for
- * the heap, or NULL. */
-static hak_block_t *slab_take_freed(hak_heap_t *heap, hak_slab_t *slab) {
-  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
-  hak_block_t *list = slab->local_free;
-  if (list == NULL) return NULL;
-  slab->local_free = NULL;
-  slab_all_out(heap, slab, false);
-  return list;
-}
-
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
  * tells whether they are never-used blocks of zero memory. */
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
+  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
+  hak_block_t *list = slab->local_free;
   *clean = 0;
-  hak_block_t *list = slab_take_freed(heap, slab);
-  if (list != NULL || slab->reserved == slab->capacity) return list;
-  list = slab_extend(heap, slab, clean);
+  if (list) {
+    slab->local_free = NULL;
+  } else if (slab->reserved < slab->capacity) {
+    list = slab_extend(heap, slab, clean);
+  } else {
+    return NULL;
+  }
   slab_all_out(heap, slab, *clean);
   return list;
 }
@@ -283,17 +278,16 @@ static void heap_retire_idle(hak_heap_t *heap) {
 /* Slabs of a class a refill looks at for freed blocks before carving. */
 #define HAK_REFILL_SCAN 4
 
-/* The slab whose freed blocks a refill takes, or NULL to carve: the current
- * slab if it has any. Else, in a class of one-unit slabs, one of the next
- * few with at least a carve's worth: carving touches memory, and a thread
- * that took over an exited one's slabs would otherwise keep both sets
- * (larson). The slabs of bigger classes hold few blocks each, and switching
- * between them kept all of them partly used (mid_large_mt 2t: 40 times the
- * slabs taken, 13% slower): they carve first. */
-static hak_slab_t *refill_source(const hak_slab_queue_t *q, size_t cls) {
+/* In a class of one-unit slabs whose current slab has no freed block, one
+ * of the next few slabs with at least a carve's worth, whose blocks come
+ * before carving; else NULL. Carving touches memory, and a thread that took
+ * over an exited one's slabs would otherwise keep both sets (larson). The
+ * slabs of bigger classes hold few blocks each, and switching between them
+ * kept all of them partly used (mid_large_mt 2t: 40 times the slabs taken,
+ * 13% slower): they carve first. */
+static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   hak_slab_t *cur = q->first;
-  if (cur == NULL || slab_has_freed(cur)) return cur;
-  if (cls >= HAK_FIRST_MULTI_UNIT_CLASS) return NULL;
+  if (cls >= HAK_FIRST_MULTI_UNIT_CLASS || cur == NULL || slab_has_freed(cur)) return NULL;
   size_t batch = carve_batch(hak_class_size[cls]);
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++)
@@ -316,16 +310,11 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     pthread_mutex_unlock(&heap->lock);
   }
   hak_slab_queue_t *q = &heap->queue[cls];
-  hak_slab_t *freed = refill_source(q, cls);
-  if (freed) {
-    if (freed != q->first) {
-      hak_heap_return_list(heap, cls); /* detaches the current slab */
-      hak_queue_remove(q, freed);
-      hak_queue_push_front(q, freed);
-    }
-    heap->clean[cls] = 0;
-    heap->free[cls] = slab_take_freed(heap, freed);
-    return true;
+  hak_slab_t *freed = freed_elsewhere(q, cls);
+  if (freed) { /* it becomes the current slab */
+    hak_heap_return_list(heap, cls); /* detaches the old one */
+    hak_queue_remove(q, freed);
+    hak_queue_push_front(q, freed);
   }
   bool released = false, idle_seen = false;
   for (int round = 0;; round++) {

@@ -51,7 +51,6 @@ enum {
   HAK_KIND_SMALL = 0, /* 64 KiB slabs (1 unit), classes <= 8 KiB */
   HAK_KIND_MID = 1,   /* 512 KiB slabs (8 units), classes <= 32 KiB */
   HAK_KIND_BIG = 2,   /* 1 MiB slabs (16 units), classes <= 256 KiB */
-  HAK_KIND_COUNT = 3,
   HAK_KIND_LARGE = 3, /* seg->kind of a single large block (else 0) */
 };
 #define HAK_KIND_SMALL_MAX ((size_t)8192)
