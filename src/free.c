@@ -15,37 +15,103 @@ HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
 HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in block", p); }
 #endif
 
-/* Aborts unless p is the start of a block of the slab. A block boundary of
- * a slab that is free again was handed out and freed already. Other threads
- * call this too: it reads only what the owner does not change while the
- * slab is in use (block size and capacity are set before any block of the
- * slab is handed out), the state atomically, and the list its owner frees
- * to only when the slab is the caller's own. */
+/* Whether off (from the segment start) is a block start the slab handed
+ * out: checks any thread can make, as they read only what the owner does not
+ * change while the slab is in use (block size and capacity are set before
+ * any block of the slab is handed out) and the state, atomically. */
+HAK_INLINE bool block_ok(const hak_slab_t *slab, uintptr_t off, hak_slab_state_t state) {
+  return state != HAK_SLAB_FREE && hak_slab_is_block(slab, off) &&
+         off - slab->start_off < (size_t)slab->capacity * slab->block_size;
+}
+
+/* A block boundary of a slab that is free again was handed out and freed
+ * already. */
+static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab, uintptr_t off,
+                                                         const void *p) {
+  bool boundary = hak_slab_is_block(slab, off);
+  report(boundary && hak_slab_state(slab) == HAK_SLAB_FREE ? "double free" : "invalid free", p);
+}
+
+/* Aborts unless p is the start of a live block of the slab. Other threads
+ * call this too: the list its owner frees to is read only when the slab is
+ * the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-  bool boundary = hak_slab_is_block(slab, off);
-  if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE))
-    report(boundary ? "double free" : "invalid free", p);
-  if (HAK_UNLIKELY(!boundary ||
-                   off - slab->start_off >= (size_t)slab->capacity * slab->block_size))
-    report("invalid free", p);
+  if (HAK_UNLIKELY(!block_ok(slab, off, hak_slab_state(slab)))) bad_block(slab, off, p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
       HAK_UNLIKELY(*slab->free_to == p))
     report("double free", p);
 }
 
-static void free_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
+/* Pushes first .. last, blocks of slab linked in that order, onto its remote
+ * list. Returns whether the segment has no owner: the purger will see to it. */
+static bool push_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *first,
+                        hak_block_t *last) {
   hak_block_t *head = atomic_load_explicit(&slab->remote, memory_order_relaxed);
   do {
-    hak_set_next(b, head);
-  } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, b, memory_order_release,
-                                                  memory_order_relaxed));
-  HAK_XSTAT_ADD(remote_frees, 1);
+    hak_set_next(last, head);
+  } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, first,
+                                                  memory_order_release, memory_order_relaxed));
   /* A FULL slab is off its owner's queues: tell the owner to look. */
-  if (hak_slab_state(slab) == HAK_SLAB_FULL) {
-    hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-    if (owner) atomic_store(&owner->full_remote, 1);
+  hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (hak_slab_state(slab) == HAK_SLAB_FULL && owner) atomic_store(&owner->full_remote, 1);
+  return owner == NULL;
+}
+
+static void free_remote_now(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
+  HAK_XSTAT_ADD(remote_frees, 1);
+  if (push_remote(seg, slab, b, b)) {
+    hak_purge_wake();
+    hak_purge_start();
   }
+}
+
+/* Hands over the blocks an outbox holds. start: whether the purger may be
+ * started here (no lock held, not in a fork handler). */
+static void outbox_flush(hak_outbox_t *o, bool start) {
+  hak_slab_t *slab = o->slab;
+  o->slab = NULL;
+  if (push_remote(hak_segment_of_slab(slab), slab, o->first, o->last)) {
+    hak_purge_wake();
+    if (start) hak_purge_start();
+  }
+}
+
+void hak_free_flush_outboxes(hak_heap_t *heap) {
+  for (size_t c = 0; c < HAK_SMALL_CLASSES; c++)
+    if (heap->outbox[c].slab) outbox_flush(&heap->outbox[c], false);
+}
+
+/* Frees a small block of another live thread's slab: it waits in the
+ * heap's outbox for its class while the next frees go to the same slab, and
+ * they go over together, in one atomic push, once they fill a page, or when
+ * the next one is for another slab. One push per block made two threads that
+ * pass blocks to each other fight over the slab's remote list. */
+static void free_remote_batched(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
+  hak_heap_t *heap = hak_tls_heap;
+  hak_outbox_t *o = &heap->outbox[slab->cls];
+  HAK_XSTAT_ADD(remote_frees, 1);
+  if (HAK_LIKELY(slab == o->slab)) {
+    if (HAK_UNLIKELY(b == o->first)) hak_double_free(b);
+    hak_set_next(b, o->first);
+    o->first = b;
+    if (HAK_LIKELY(o->bytes_left > slab->block_size)) {
+      o->bytes_left -= slab->block_size;
+      return;
+    }
+    outbox_flush(o, true);
+    return;
+  }
+  /* A thread that only frees gets a heap for its outboxes. */
+  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
+    free_remote_now(seg, slab, b);
+    return;
+  }
+  o = &heap->outbox[slab->cls];
+  if (o->slab) outbox_flush(o, true);
+  o->slab = slab;
+  o->first = o->last = b;
+  o->bytes_left = HAK_PAGE_SIZE - slab->block_size;
 }
 
 void hak_check_large(hak_segment_t *seg, const void *p) {
@@ -54,10 +120,9 @@ void hak_check_large(hak_segment_t *seg, const void *p) {
   if (HAK_UNLIKELY(hak_slab_state(&seg->slabs[0]) == HAK_SLAB_FREE)) hak_double_free(p);
 }
 
-HAK_NOINLINE void hak_free_generic(void *p) {
-  if (p == NULL) return;
-  hak_segment_t *seg = hak_segment_of(p);
-  if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
+/* The rare frees: a large block, a block of an exited thread's segment, or
+ * of this thread's FULL slab. */
+HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   if (seg->kind == HAK_KIND_LARGE) {
     hak_check_large(seg, p);
     hak_large_free(seg);
@@ -78,11 +143,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_block_check_free(p, slab->block_size);
   HAK_CSTAT_FREE(slab->cls);
   if (owner != heap) {
-    free_remote(seg, slab, (hak_block_t *)p);
-    if (owner == NULL) {
-      hak_purge_wake();
-      hak_purge_start();
-    }
+    free_remote_now(seg, slab, (hak_block_t *)p);
     return;
   }
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
@@ -93,4 +154,28 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   slab->used--;
   hak_slab_unfull(heap, slab);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
+}
+
+/* The common case first, in few registers: a block of another live
+ * thread's slab. */
+HAK_NOINLINE void hak_free_generic(void *p) {
+  hak_segment_t *seg = hak_segment_of(p);
+  if (HAK_UNLIKELY(seg == NULL)) {
+    if (p == NULL) return;
+    hak_invalid_free(p);
+  }
+  hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != hak_tls_heap)) {
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+    if (HAK_UNLIKELY(!block_ok(slab, off, hak_slab_state(slab)))) bad_block(slab, off, p);
+    hak_block_check_free(p, slab->block_size);
+    HAK_CSTAT_FREE(slab->cls);
+    if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
+      free_remote_batched(seg, slab, (hak_block_t *)p);
+    else
+      free_remote_now(seg, slab, (hak_block_t *)p);
+    return;
+  }
+  free_slow(seg, p);
 }

@@ -79,6 +79,7 @@ hak_heap_t *hak_heap_get(void) {
 
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == &hak_heap_empty) return;
+  hak_free_flush_outboxes(heap);
   pthread_mutex_lock(&heap->lock);
   for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
   hak_segment_abandon_all(heap);
@@ -89,6 +90,7 @@ void hak_heap_done(hak_heap_t *heap) {
 
 void hak_heap_collect(hak_heap_t *heap, bool force) {
   if (heap == &hak_heap_empty) return;
+  hak_free_flush_outboxes(heap);
   pthread_mutex_lock(&heap->lock);
   for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
   if (force) hak_segment_reclaim_abandoned(heap);

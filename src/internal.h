@@ -239,6 +239,8 @@ extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */
 HAK_NOINLINE void hak_free_generic(void *p);
+/* Hands over the blocks the heap's outboxes hold (free.c). */
+void hak_free_flush_outboxes(hak_heap_t *heap);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
 void *hak_realloc_impl(void *p, size_t size);

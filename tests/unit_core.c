@@ -5,6 +5,7 @@
 #include "blocks.h"
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <sys/mman.h>
 
 /* ---- size classes ---- */
@@ -417,6 +418,52 @@ TEST(remote_frees_are_collected_by_owner) {
    * counts its blocks again */
   hak_heap_return_list(heap, cls);
   CHECK(slab->used <= used_before);
+}
+
+static size_t remote_count(hak_slab_t *slab) {
+  size_t n = 0;
+  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next) n++;
+  return n;
+}
+
+typedef struct {
+  batch_t batch;
+  sem_t freed, go;
+} held_frees_t;
+
+static void *free_batch_then_wait(void *arg) {
+  held_frees_t *h = arg;
+  free_batch(&h->batch);
+  sem_post(&h->freed);
+  sem_wait(&h->go);
+  return NULL;
+}
+
+TEST(remote_frees_go_over_a_page_at_a_time_and_at_exit) {
+  enum { N = 64, SIZE = 200 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(SIZE);
+  hak_slab_t *slab = slab_of_ptr(ps[0]);
+  int n = 0;
+  while (n < N && slab_of_ptr(ps[n]) == slab) n++;
+  REQUIRE(n * SIZE > 2 * (int)HAK_PAGE_SIZE);
+  held_frees_t h = {.batch = {ps, n}};
+  sem_init(&h.freed, 0, 0);
+  sem_init(&h.go, 0, 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, free_batch_then_wait, &h) == 0);
+  sem_wait(&h.freed);
+  /* each push took the blocks that filled a page; the rest wait */
+  size_t bs = slab->block_size, per_push = (HAK_PAGE_SIZE + bs - 1) / bs;
+  size_t over = remote_count(slab);
+  CHECK(over > 0 && over % per_push == 0);
+  CHECK(over < (size_t)n && (size_t)n - over < per_push);
+  sem_post(&h.go);
+  pthread_join(t, NULL);
+  CHECK(remote_count(slab) == (size_t)n); /* the thread's exit handed over the rest */
+  for (int i = n; i < N; i++) free(ps[i]);
+  sem_destroy(&h.freed);
+  sem_destroy(&h.go);
 }
 
 TEST(empty_slabs_are_released) {
