@@ -427,37 +427,50 @@ static size_t remote_count(hak_slab_t *slab) {
 }
 
 typedef struct {
-  batch_t batch;
+  batch_t batch, later;
   sem_t freed, go;
 } held_frees_t;
 
-static void *free_batch_then_wait(void *arg) {
+/* Frees batch, waits, calls hak_collect, waits, frees later, waits, exits. */
+static void *free_in_steps(void *arg) {
   held_frees_t *h = arg;
   free_batch(&h->batch);
+  sem_post(&h->freed);
+  sem_wait(&h->go);
+  hak_collect(false);
+  sem_post(&h->freed);
+  sem_wait(&h->go);
+  free_batch(&h->later);
   sem_post(&h->freed);
   sem_wait(&h->go);
   return NULL;
 }
 
-TEST(remote_frees_go_over_a_page_at_a_time_and_at_exit) {
+TEST(remote_frees_go_over_a_page_at_a_time_at_collect_and_at_exit) {
   enum { N = 64, SIZE = 200 };
   void *ps[N];
   for (int i = 0; i < N; i++) ps[i] = malloc(SIZE);
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   int n = 0;
   while (n < N && slab_of_ptr(ps[n]) == slab) n++;
-  REQUIRE(n * SIZE > 2 * (int)HAK_PAGE_SIZE);
-  held_frees_t h = {.batch = {ps, n}};
+  size_t bs = slab->block_size, per_push = (HAK_PAGE_SIZE + bs - 1) / bs;
+  int first = (int)(2 * per_push + 3), later = 4;
+  REQUIRE(n >= first + later);
+  n = first + later;
+  held_frees_t h = {.batch = {ps, first}, .later = {ps + first, later}};
   sem_init(&h.freed, 0, 0);
   sem_init(&h.go, 0, 0);
   pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, free_batch_then_wait, &h) == 0);
+  REQUIRE(pthread_create(&t, NULL, free_in_steps, &h) == 0);
   sem_wait(&h.freed);
-  /* each push took the blocks that filled a page; the rest wait */
-  size_t bs = slab->block_size, per_push = (HAK_PAGE_SIZE + bs - 1) / bs;
-  size_t over = remote_count(slab);
-  CHECK(over > 0 && over % per_push == 0);
-  CHECK(over < (size_t)n && (size_t)n - over < per_push);
+  /* each push took the blocks that filled a page; the last 3 wait */
+  CHECK(remote_count(slab) == 2 * per_push);
+  sem_post(&h.go);
+  sem_wait(&h.freed);
+  CHECK(remote_count(slab) == (size_t)first); /* hak_collect handed them over */
+  sem_post(&h.go);
+  sem_wait(&h.freed);
+  CHECK(remote_count(slab) == (size_t)first); /* 4 blocks fill no page */
   sem_post(&h.go);
   pthread_join(t, NULL);
   CHECK(remote_count(slab) == (size_t)n); /* the thread's exit handed over the rest */
