@@ -43,38 +43,34 @@ void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
     report("double free", p);
 }
 
-/* Pushes first .. last, blocks of slab linked in that order, onto its remote
- * list. Returns whether the segment has no owner: the purger will see to it. */
-static bool push_remote(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *first,
-                        hak_block_t *last) {
+/* Hands first .. last, blocks of slab linked in that order, to its remote
+ * list. A segment with no owner is the purger's to see to; start: whether
+ * the purger may be started here (no lock held, not in a fork handler). */
+static void hand_over(hak_slab_t *slab, hak_block_t *first, hak_block_t *last, bool start) {
   hak_block_t *head = atomic_load_explicit(&slab->remote, memory_order_relaxed);
   do {
     hak_set_next(last, head);
   } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, first,
                                                   memory_order_release, memory_order_relaxed));
   /* A FULL slab is off its owner's queues: tell the owner to look. */
-  hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-  if (hak_slab_state(slab) == HAK_SLAB_FULL && owner) atomic_store(&owner->full_remote, 1);
-  return owner == NULL;
-}
-
-static void free_remote_now(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
-  HAK_XSTAT_ADD(remote_frees, 1);
-  if (push_remote(seg, slab, b, b)) {
+  hak_heap_t *owner = atomic_load_explicit(&hak_segment_of_slab(slab)->heap, memory_order_relaxed);
+  if (owner == NULL) {
     hak_purge_wake();
-    hak_purge_start();
+    if (start) hak_purge_start();
+  } else if (hak_slab_state(slab) == HAK_SLAB_FULL) {
+    atomic_store(&owner->full_remote, 1);
   }
 }
 
-/* Hands over the blocks an outbox holds. start: whether the purger may be
- * started here (no lock held, not in a fork handler). */
+static void free_remote_now(hak_slab_t *slab, hak_block_t *b) {
+  HAK_XSTAT_ADD(remote_frees, 1);
+  hand_over(slab, b, b, true);
+}
+
 static void outbox_flush(hak_outbox_t *o, bool start) {
   hak_slab_t *slab = o->slab;
   o->slab = NULL;
-  if (push_remote(hak_segment_of_slab(slab), slab, o->first, o->last)) {
-    hak_purge_wake();
-    if (start) hak_purge_start();
-  }
+  hand_over(slab, o->first, o->last, start);
 }
 
 void hak_free_flush_outboxes(hak_heap_t *heap) {
@@ -87,8 +83,7 @@ void hak_free_flush_outboxes(hak_heap_t *heap) {
  * they go over together, in one atomic push, once they fill a page, or when
  * the next one is for another slab. One push per block made two threads that
  * pass blocks to each other fight over the slab's remote list. */
-static void free_remote_batched(hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
-  hak_heap_t *heap = hak_tls_heap;
+static void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
   hak_outbox_t *o = &heap->outbox[slab->cls];
   HAK_XSTAT_ADD(remote_frees, 1);
   if (HAK_LIKELY(slab == o->slab)) {
@@ -104,7 +99,7 @@ static void free_remote_batched(hak_segment_t *seg, hak_slab_t *slab, hak_block_
   }
   /* A thread that only frees gets a heap for its outboxes. */
   if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
-    free_remote_now(seg, slab, b);
+    free_remote_now(slab, b);
     return;
   }
   o = &heap->outbox[slab->cls];
@@ -143,7 +138,7 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   hak_block_check_free(p, slab->block_size);
   HAK_CSTAT_FREE(slab->cls);
   if (owner != heap) {
-    free_remote_now(seg, slab, (hak_block_t *)p);
+    free_remote_now(slab, (hak_block_t *)p);
     return;
   }
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
@@ -165,16 +160,17 @@ HAK_NOINLINE void hak_free_generic(void *p) {
     hak_invalid_free(p);
   }
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-  if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != hak_tls_heap)) {
+  hak_heap_t *heap = hak_tls_heap;
+  if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
     if (HAK_UNLIKELY(!block_ok(slab, off, hak_slab_state(slab)))) bad_block(slab, off, p);
     hak_block_check_free(p, slab->block_size);
     HAK_CSTAT_FREE(slab->cls);
     if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
-      free_remote_batched(seg, slab, (hak_block_t *)p);
+      free_remote_batched(heap, slab, (hak_block_t *)p);
     else
-      free_remote_now(seg, slab, (hak_block_t *)p);
+      free_remote_now(slab, (hak_block_t *)p);
     return;
   }
   free_slow(seg, p);

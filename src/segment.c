@@ -533,7 +533,8 @@ void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u) {
 void hak_segment_usage_abandoned(hak_usage_t *u) {
   pthread_mutex_lock(&hak_segment_lock);
   for (hak_segment_t *seg = abandoned; seg; seg = seg->next) hak_segment_usage(seg, u);
-  for (hak_segment_t *seg = cache; seg; seg = seg->next) u->cached_bytes += committed_free_bytes(seg);
+  for (hak_segment_t *seg = cache; seg; seg = seg->next)
+    u->cached_bytes += committed_free_bytes(seg);
   pthread_mutex_unlock(&hak_segment_lock);
 }
 

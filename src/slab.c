@@ -56,6 +56,13 @@ void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s) {
   s->next = s->prev = NULL;
 }
 
+/* s becomes the current slab of its class. */
+static void queue_move_front(hak_slab_queue_t *q, hak_slab_t *s) {
+  if (q->first == s) return;
+  hak_queue_remove(q, s);
+  hak_queue_push_front(q, s);
+}
+
 void hak_slab_init(hak_slab_t *slab, size_t cls) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   slab->block_size = hak_class_size[cls];
@@ -311,10 +318,9 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   }
   hak_slab_queue_t *q = &heap->queue[cls];
   hak_slab_t *freed = freed_elsewhere(q, cls);
-  if (freed) { /* it becomes the current slab */
-    hak_heap_return_list(heap, cls); /* detaches the old one */
-    hak_queue_remove(q, freed);
-    hak_queue_push_front(q, freed);
+  if (freed) {
+    hak_heap_return_list(heap, cls); /* detaches the current slab */
+    queue_move_front(q, freed);
   }
   bool released = false, idle_seen = false;
   for (int round = 0;; round++) {
@@ -322,10 +328,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     while (slab) {
       hak_block_t *list = slab_take(heap, slab, &heap->clean[cls]);
       if (list) {
-        if (slab != q->first) {
-          hak_queue_remove(q, slab);
-          hak_queue_push_front(q, slab);
-        }
+        queue_move_front(q, slab);
         heap->free[cls] = list;
         return true;
       }
