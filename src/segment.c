@@ -1,5 +1,5 @@
 /* Segments: 4 MiB aligned regions of 64 units of 64 KiB. A slab is a run
- * of 1, 8 or 16 units, placed where the most units are still committed;
+ * of 1, 4, 8 or 16 units, placed where the most units are still committed;
  * a freed slab's units serve slabs of any kind. A segment belongs to one
  * heap, is abandoned when its thread exits (and adopted by the next heap
  * that needs a slab), and goes to a small global cache when all its units
@@ -432,8 +432,19 @@ static bool heap_find_span(hak_heap_t *heap, unsigned n, hak_segment_t **where, 
 /* Whether a span_find score is that of units all committed. */
 static bool all_committed(int score, unsigned n) { return score > (int)(n - 1) * 256; }
 
+/* Units of a new slab of cls. A small class that has filled a slab of the
+ * heap is busy (random_mixed ws=8192 keeps ~300 blocks of each of its
+ * classes live, on 3 to 5 slabs of one unit): its next slabs are four units
+ * long, so that more of its frees go to the attached slab, whose blocks
+ * malloc takes next while they are in cache, and fewer refills take blocks
+ * freed long ago to other slabs. A class with few blocks keeps one unit. */
+static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
+  if (cls < HAK_SMALL_CLASSES && heap->full[cls].first != NULL) return HAK_BUSY_SMALL_UNITS;
+  return hak_kind_units(hak_class_kind(cls));
+}
+
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted) {
-  unsigned n = hak_kind_units(hak_class_kind(cls)), at = 0;
+  unsigned n = slab_units(heap, cls), at = 0;
   int score = 0;
   hak_segment_t *where;
   *adopted = false;

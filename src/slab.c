@@ -285,13 +285,13 @@ static void heap_retire_idle(hak_heap_t *heap) {
 /* Slabs of a class a refill looks at for freed blocks before carving. */
 #define HAK_REFILL_SCAN 4
 
-/* In a class of one-unit slabs whose current slab has no freed block, one
- * of the next few slabs with at least a carve's worth, whose blocks come
- * before carving; else NULL. Carving touches memory, and a thread that took
- * over an exited one's slabs would otherwise keep both sets (larson). The
- * slabs of bigger classes hold few blocks each, and switching between them
- * kept all of them partly used (mid_large_mt 2t: 40 times the slabs taken,
- * 13% slower): they carve first. */
+/* In a class up to 8 KiB (slabs of one unit, or four for a busy small class)
+ * whose current slab has no freed block, one of the next few slabs with at
+ * least a carve's worth, whose blocks come before carving; else NULL.
+ * Carving touches memory, and a thread that took over an exited one's slabs
+ * would otherwise keep both sets (larson). The slabs of bigger classes hold
+ * few blocks each, and switching between them kept all of them partly used
+ * (mid_large_mt 2t: 40 times the slabs taken, 13% slower): they carve first. */
 static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   hak_slab_t *cur = q->first;
   if (cls >= HAK_FIRST_MULTI_UNIT_CLASS || cur == NULL || slab_has_freed(cur)) return NULL;

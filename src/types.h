@@ -5,10 +5,11 @@
  *   options, stats and init are used by every layer and use only os.
  *
  * Memory is taken from the OS in 4 MiB aligned *segments* of 64 KiB *units*.
- * A slab is a run of 1, 8 or 16 units (its kind, set by its size class;
- * shorter when only that many committed units are free) and holds blocks of
- * one size class; a segment holds slabs of every kind, so the memory one
- * class gave back serves any other. Large blocks get a segment-aligned
+ * A slab is a run of 1, 8 or 16 units (its kind, set by its size class; 4
+ * for a small class that filled a slab; shorter when only that many
+ * committed units are free) and holds blocks of one size class; a segment
+ * holds slabs of every kind, so the memory one class gave back serves any
+ * other. Large blocks get a segment-aligned
  * mapping of their own with the same header, so for every pointer p handed
  * out, (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
  * block aligned to >= 4 MiB sits exactly at the end of its header's chunk. */
@@ -56,6 +57,7 @@ enum {
 #define HAK_KIND_SMALL_MAX ((size_t)8192)
 #define HAK_KIND_MID_MAX ((size_t)32768)
 #define HAK_FIRST_MULTI_UNIT_CLASS 44 /* the first class above HAK_KIND_SMALL_MAX */
+#define HAK_BUSY_SMALL_UNITS 4 /* a small class's slabs once it filled one (segment.c) */
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */

@@ -554,6 +554,23 @@ TEST(big_slab_shortens_to_committed_units) {
   free(q);
 }
 
+/* A small class that filled a slab is busy: its next slab is four units
+ * long, so more of its frees go to the attached slab. */
+TEST(small_class_that_filled_a_slab_takes_four_units) {
+  enum { N = 200 }; /* 768 B blocks: at most 85 fit one unit */
+  void *ps[N];
+  start_purger(); /* before: starting it allocates */
+  hak_release_all(); /* no committed free unit left: slabs get their full length */
+  for (int i = 0; i < N; i++) ps[i] = malloc(700);
+  hak_slab_t *first = slab_of_ptr(ps[0]), *last = slab_of_ptr(ps[N - 1]);
+  CHECK(first->units == 1);
+  CHECK(first->state == HAK_SLAB_FULL);
+  CHECK(last != first);
+  CHECK_MSG(last->units == HAK_BUSY_SMALL_UNITS, "units %u", last->units);
+  CHECK(last->capacity > 3 * first->capacity);
+  for (int i = 0; i < N; i++) free(ps[i]);
+}
+
 TEST(idle_class_retires_its_slab_when_another_is_taken) {
   hak_opt.purge_delay_ms = 100000;
   start_purger(); /* before: starting it allocates */
