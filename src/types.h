@@ -9,10 +9,10 @@
  * for a small class that filled a slab; shorter when only that many
  * committed units are free) and holds blocks of one size class; a segment
  * holds slabs of every kind, so the memory one class gave back serves any
- * other. Large blocks get a segment-aligned
- * mapping of their own with the same header, so for every pointer p handed
- * out, (p - 1) rounded down to 4 MiB is its segment header. Minus one because a
- * block aligned to >= 4 MiB sits exactly at the end of its header's chunk. */
+ * other. Large blocks get a segment-aligned mapping of their own with the
+ * same header, so for every pointer p handed out, (p - 1) rounded down to
+ * 4 MiB is its segment header. Minus one because a block aligned to >= 4 MiB
+ * sits exactly at the end of its header's chunk. */
 #ifndef HAK_TYPES_H
 #define HAK_TYPES_H
 
