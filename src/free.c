@@ -15,15 +15,6 @@ HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
 HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in block", p); }
 #endif
 
-/* Whether off (from the segment start) is a block start the slab handed
- * out: checks any thread can make, as they read only what the owner does not
- * change while the slab is in use (block size and capacity are set before
- * any block of the slab is handed out) and the state, atomically. */
-HAK_INLINE bool block_ok(const hak_slab_t *slab, uintptr_t off, hak_slab_state_t state) {
-  return state != HAK_SLAB_FREE && hak_slab_is_block(slab, off) &&
-         off - slab->start_off < (size_t)slab->capacity * slab->block_size;
-}
-
 /* A block boundary of a slab that is free again was handed out and freed
  * already. */
 static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab, uintptr_t off,
@@ -32,12 +23,22 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab,
   report(boundary && hak_slab_state(slab) == HAK_SLAB_FREE ? "double free" : "invalid free", p);
 }
 
+/* Aborts unless p is a block start the slab handed out: the checks any
+ * thread can make, as they read only what the owner does not change while
+ * the slab is in use (block size and capacity are set before any block of
+ * the slab is handed out) and the state, atomically. */
+HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
+  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+  if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE || !hak_slab_is_block(slab, off) ||
+                   off - slab->start_off >= (size_t)slab->capacity * slab->block_size))
+    bad_block(slab, off, p);
+}
+
 /* Aborts unless p is the start of a live block of the slab. Other threads
  * call this too: the list its owner frees to is read only when the slab is
  * the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
-  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-  if (HAK_UNLIKELY(!block_ok(slab, off, hak_slab_state(slab)))) bad_block(slab, off, p);
+  check_block_shared(seg, slab, p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
       HAK_UNLIKELY(*slab->free_to == p))
     report("double free", p);
@@ -163,8 +164,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
-    uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-    if (HAK_UNLIKELY(!block_ok(slab, off, hak_slab_state(slab)))) bad_block(slab, off, p);
+    check_block_shared(seg, slab, p);
     hak_block_check_free(p, slab->block_size);
     HAK_CSTAT_FREE(slab->cls);
     if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))

@@ -150,10 +150,12 @@ HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
 
 /* ---- segment.c ---- */
 void hak_segmap_set(hak_segment_t *seg, bool on);
-/* A FREE slab for class cls in heap's segments (then adopted, cached or
- * new ones), its units set; NULL when out of memory. May adopt abandoned
+/* A FREE slab of n units (shorter, down to 4 blocks of block_size, to
+ * reuse committed memory) in heap's segments, then adopted, cached or new
+ * ones, its units set; NULL when out of memory. May adopt abandoned
  * segments: the caller re-checks its queues when *adopted is set. */
-hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted);
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
+                                   bool *adopted);
 /* Marks a slab FREE; releases its segment when it was the last one. */
 void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab);
 /* Heap is going away: release or abandon every segment it owns. */

@@ -432,19 +432,9 @@ static bool heap_find_span(hak_heap_t *heap, unsigned n, hak_segment_t **where, 
 /* Whether a span_find score is that of units all committed. */
 static bool all_committed(int score, unsigned n) { return score > (int)(n - 1) * 256; }
 
-/* Units of a new slab of cls. A small class that has filled a slab of the
- * heap is busy (random_mixed ws=8192 keeps ~300 blocks of each of its
- * classes live, on 3 to 5 slabs of one unit): its next slabs are four units
- * long, so that more of its frees go to the attached slab, whose blocks
- * malloc takes next while they are in cache, and fewer refills take blocks
- * freed long ago to other slabs. A class with few blocks keeps one unit. */
-static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
-  if (cls < HAK_SMALL_CLASSES && heap->full[cls].first != NULL) return HAK_BUSY_SMALL_UNITS;
-  return hak_kind_units(hak_class_kind(cls));
-}
-
-hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted) {
-  unsigned n = slab_units(heap, cls), at = 0;
+hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
+                                   bool *adopted) {
+  unsigned at = 0;
   int score = 0;
   hak_segment_t *where;
   *adopted = false;
@@ -452,7 +442,7 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, size_t cls, bool *adopted) 
   /* A slab that would need memory not committed yet is shortened, down to
    * 4 blocks, to a run of units all committed: free units scattered
    * between other slabs serve it, and the peak does not grow. */
-  size_t min_bytes = 4 * (size_t)hak_class_size[cls];
+  size_t min_bytes = 4 * block_size;
   for (unsigned m = n / 2; !(found && all_committed(score, n)) && m > 0 &&
                            ((size_t)m << HAK_UNIT_SHIFT) >= min_bytes;
        m /= 2) {

@@ -268,18 +268,30 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
   }
 }
 
-/* Before a slab is taken: a class of multi-unit slabs whose list has not
- * moved since the last slab was taken is idle, and retires its current
+/* Before a slab is taken: a class of 8- or 16-unit slabs whose list has
+ * not moved since the last slab was taken is idle, and retires its current
  * slab, so that the new slab can reuse its memory: a program whose sizes
  * drift (strings and arrays that grow) would otherwise keep the peak of
- * every class it went through. (A one-unit slab holds little, and small
- * classes idle between bursts: retiring them costs more than it saves.) */
+ * every class it went through. (A slab of blocks up to 8 KiB holds little,
+ * and those classes idle between bursts: retiring them costs more than it
+ * saves.) */
 static void heap_retire_idle(hak_heap_t *heap) {
-  for (size_t c = HAK_FIRST_MULTI_UNIT_CLASS; c < HAK_CLASSES; c++) {
+  for (size_t c = HAK_FIRST_MID_CLASS; c < HAK_CLASSES; c++) {
     if (heap->queue[c].first == NULL) continue;
     if (heap->free[c] == heap->seen[c]) class_retire(heap, c);
     heap->seen[c] = heap->free[c];
   }
+}
+
+/* Units of a new slab of cls. A small class that has filled a slab of the
+ * heap is busy (random_mixed ws=8192 keeps ~300 blocks of each of its
+ * classes live, on 3 to 5 slabs of one unit): its next slabs are four units
+ * long, so that more of its frees go to the attached slab, whose blocks
+ * malloc takes next while they are in cache, and fewer refills take blocks
+ * freed long ago to other slabs. A class with few blocks keeps one unit. */
+static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
+  if (cls < HAK_SMALL_CLASSES && heap->full[cls].first != NULL) return HAK_BUSY_SMALL_UNITS;
+  return hak_kind_units(hak_class_kind(cls));
 }
 
 /* Slabs of a class a refill looks at for freed blocks before carving. */
@@ -294,7 +306,7 @@ static void heap_retire_idle(hak_heap_t *heap) {
  * (mid_large_mt 2t: 40 times the slabs taken, 13% slower): they carve first. */
 static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   hak_slab_t *cur = q->first;
-  if (cls >= HAK_FIRST_MULTI_UNIT_CLASS || cur == NULL || slab_has_freed(cur)) return NULL;
+  if (cls >= HAK_FIRST_MID_CLASS || cur == NULL || slab_has_freed(cur)) return NULL;
   size_t batch = carve_batch(hak_class_size[cls]);
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++)
@@ -346,7 +358,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     /* once: a second look moments later would find every class idle */
     if (!idle_seen) heap_retire_idle(heap);
     idle_seen = true;
-    slab = hak_segment_alloc_slab(heap, cls, &adopted);
+    slab = hak_segment_alloc_slab(heap, slab_units(heap, cls), hak_class_size[cls], &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
     pthread_mutex_unlock(&heap->lock);

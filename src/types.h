@@ -56,8 +56,8 @@ enum {
 };
 #define HAK_KIND_SMALL_MAX ((size_t)8192)
 #define HAK_KIND_MID_MAX ((size_t)32768)
-#define HAK_FIRST_MULTI_UNIT_CLASS 44 /* the first class above HAK_KIND_SMALL_MAX */
-#define HAK_BUSY_SMALL_UNITS 4 /* a small class's slabs once it filled one (segment.c) */
+#define HAK_FIRST_MID_CLASS 44 /* the first class above HAK_KIND_SMALL_MAX */
+#define HAK_BUSY_SMALL_UNITS 4 /* a small class's slabs once it filled one (slab.c) */
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */

@@ -40,7 +40,7 @@ TEST(small_class_waste_at_most_12_5_percent) {
 
 TEST(class_kinds_follow_size) {
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX)) == HAK_KIND_SMALL);
-  CHECK(hak_class_size[HAK_FIRST_MULTI_UNIT_CLASS - 1] == HAK_KIND_SMALL_MAX);
+  CHECK(hak_class_size[HAK_FIRST_MID_CLASS - 1] == HAK_KIND_SMALL_MAX);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX + 1)) == HAK_KIND_MID);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX)) == HAK_KIND_MID);
   CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX + 1)) == HAK_KIND_BIG);
