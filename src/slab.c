@@ -89,13 +89,15 @@ void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list) {
   slab->used -= (uint32_t)n;
 }
 
-void hak_slab_collect_remote(hak_slab_t *slab) {
-  if (atomic_load_explicit(&slab->remote, memory_order_relaxed) == NULL) return;
+/* The slab's remote list, now the caller's, or NULL. */
+static inline hak_block_t *take_remote(hak_slab_t *slab) {
+  if (atomic_load_explicit(&slab->remote, memory_order_relaxed) == NULL) return NULL;
   hak_block_t *list = atomic_exchange_explicit(&slab->remote, NULL, memory_order_acquire);
-  if (list == NULL) return;
-  hak_slab_give_back(slab, list);
-  HAK_STAT_ADD(remote_collects, 1);
+  if (list != NULL) HAK_STAT_ADD(remote_collects, 1);
+  return list;
 }
+
+void hak_slab_collect_remote(hak_slab_t *slab) { hak_slab_give_back(slab, take_remote(slab)); }
 
 /* Blocks carved at a time from a slab of block size bs. */
 static inline size_t carve_batch(size_t bs) {
@@ -177,17 +179,17 @@ static bool slab_freed_at_least(const hak_slab_t *slab, size_t n) {
 }
 
 /* All free blocks of the slab as one list for the heap, or NULL; *clean
- * tells whether they are never-used blocks of zero memory. */
+ * tells whether they are never-used blocks of zero memory. The remote list
+ * goes out whole, uncounted (slab_all_out sets used): a count would walk
+ * every block, lines another thread wrote last, before malloc does. */
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
-  if (slab->local_free == NULL) hak_slab_collect_remote(slab);
   hak_block_t *list = slab->local_free;
   *clean = 0;
   if (list) {
     slab->local_free = NULL;
-  } else if (slab->reserved < slab->capacity) {
+  } else if ((list = take_remote(slab)) == NULL) {
+    if (slab->reserved == slab->capacity) return NULL;
     list = slab_extend(heap, slab, clean);
-  } else {
-    return NULL;
   }
   slab_all_out(heap, slab, *clean);
   return list;

@@ -410,13 +410,19 @@ TEST(remote_frees_are_collected_by_owner) {
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
   while (heap->free[cls]) (void)malloc(200);
-  (void)malloc(200);
+  hak_block_t *remote_head = atomic_load(&slab->remote);
+  void *got = malloc(200);
   hak_stats_get(&after);
   CHECK(after.remote_collects > before.remote_collects);
   CHECK(atomic_load(&slab->remote) == NULL);
-  /* the refill took the collected blocks, attaching the slab: detaching it
-   * counts its blocks again */
+  /* the refill took the remote list whole, in its order, as the heap's list,
+   * attaching the slab: detaching it counts its blocks again */
+  CHECK(got == remote_head);
+  CHECK(list_len(heap->free[cls]) == on_remote - 1);
+  CHECK(slab->free_to == &heap->free[cls]);
+  size_t listed = list_len(heap->free[cls]) + list_len(slab->local_free);
   hak_heap_return_list(heap, cls);
+  CHECK(slab->used == slab->reserved - listed);
   CHECK(slab->used <= used_before);
 }
 
