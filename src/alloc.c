@@ -88,16 +88,16 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
   return q;
 }
 
-/* The common case first, with no call: a block of this thread's ACTIVE
- * slab (free's one-multiply test) that keeps fitting. size 0 never does
- * (old / 2 >= 4). */
+/* The common case first, with no call: a block that keeps fitting. Any
+ * slab in use will do, as nothing changes: a block of a FULL slab (a string
+ * that grew a while ago) took the generic path, and which one did was a
+ * branch the processor could not predict. size 0 never fits (old / 2 >= 4). */
 void *hak_realloc_impl(void *p, size_t size) {
   hak_segment_t *seg = hak_segment_of(p); /* NULL for NULL */
   if (HAK_LIKELY(seg != NULL && seg->kind != HAK_KIND_LARGE)) {
-    hak_slab_t *slab = hak_own_slab_of_block(seg, p);
-    if (HAK_LIKELY(slab != NULL && size <= slab->block_size - HAK_CANARY &&
-                   size >= (slab->block_size - HAK_CANARY) / 2))
-      return p;
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    size_t old = slab->block_size - HAK_CANARY;
+    if (HAK_LIKELY(hak_slab_has_block(seg, slab, p) && size <= old && size >= old / 2)) return p;
   }
   return realloc_generic(p, size);
 }

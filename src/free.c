@@ -23,15 +23,10 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab,
   report(boundary && hak_slab_state(slab) == HAK_SLAB_FREE ? "double free" : "invalid free", p);
 }
 
-/* Aborts unless p is a block start the slab handed out: the checks any
- * thread can make, as they read only what the owner does not change while
- * the slab is in use (block size and capacity are set before any block of
- * the slab is handed out) and the state, atomically. */
+/* Aborts unless p is a block start of a slab in use. */
 HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
-  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-  if (HAK_UNLIKELY(hak_slab_state(slab) == HAK_SLAB_FREE || !hak_slab_is_block(slab, off) ||
-                   off - slab->start_off >= (size_t)slab->capacity * slab->block_size))
-    bad_block(slab, off, p);
+  if (HAK_UNLIKELY(!hak_slab_has_block(seg, slab, p)))
+    bad_block(slab, (uintptr_t)p - (uintptr_t)seg, p);
 }
 
 /* Aborts unless p is the start of a live block of the slab. Other threads

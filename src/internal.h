@@ -139,6 +139,16 @@ HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
   return ((uint64_t)(uint32_t)(off - slab->start_off) * slab->magic) >> 32 == 0;
 }
 
+/* Whether p is a block start of a slab in use: the checks any thread can
+ * make, as they read only what the owner does not change while the slab is
+ * in use (block size and capacity are set before any block of the slab is
+ * handed out) and the state, atomically. */
+HAK_INLINE bool hak_slab_has_block(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
+  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
+  return hak_slab_state(slab) != HAK_SLAB_FREE && hak_slab_is_block(slab, off) &&
+         off - slab->start_off < (size_t)slab->capacity * slab->block_size;
+}
+
 /* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,
  * only then ours to read without atomics, and p one of its block starts;
  * else NULL. The test of free's fast path: the slow paths name the fault. */
