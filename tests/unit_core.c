@@ -709,6 +709,35 @@ TEST(full_slab_comes_back_on_local_free) {
   for (int i = 1; i < 3 * N; i++) free(ps[i]);
 }
 
+/* The current slab, run dry while another slab has freed blocks, waits at
+ * the back of the queue, still the thread's: its frees take the fast path. */
+TEST(current_slab_run_dry_waits_at_the_back) {
+  enum { N = 400 }; /* 1 KiB class: 64 per slab (56 in slab 0), 256 once busy */
+  void *ps[N];
+  int n = 0;
+  ps[n++] = malloc(1024);
+  hak_slab_t *a = slab_of_ptr(ps[0]), *b = a;
+  while (b == a && n < N) b = slab_of_ptr(ps[n++] = malloc(1024));
+  REQUIRE(b != a && a->state == HAK_SLAB_FULL);
+  free(ps[0]); /* a is back on the queue, behind b */
+  REQUIRE(a->state == HAK_SLAB_ACTIVE);
+  hak_slab_queue_t *q = &hak_tls_heap->queue[a->cls];
+  REQUIRE(q->first == b);
+  hak_slab_t *got = b;
+  while (got == b && n < N) got = slab_of_ptr(ps[n++] = malloc(1024));
+  REQUIRE(got == a);
+  CHECK(q->first == a && q->last == b);
+  CHECK(b->state == HAK_SLAB_ACTIVE);
+  CHECK(atomic_load(&b->owner) == hak_thread_token());
+  CHECK(b->used == b->capacity);
+  void *last_of_b = ps[n - 2];
+  REQUIRE(slab_of_ptr(last_of_b) == b);
+  free(last_of_b);
+  CHECK(b->local_free == last_of_b && b->used == b->capacity - 1);
+  for (int i = 1; i < n; i++)
+    if (ps[i] != last_of_b) free(ps[i]);
+}
+
 TEST(full_slab_with_remote_frees_is_revived) {
   enum { N = 3 * 64 };
   void *ps[N];
