@@ -306,7 +306,8 @@ void hak_purge_wake(void);
 extern _Atomic int hak_purge_started, hak_purge_running;
 void hak_purge_start_slow(void);
 /* Starts the purger thread if it was asked for and is not running; called
- * only where no lock is held. */
+ * only where no lock is held and the caller's own work is done, as creating
+ * the thread allocates (pthread_create reenters malloc). */
 HAK_INLINE void hak_purge_start(void) {
   if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
     hak_purge_start_slow();

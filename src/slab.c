@@ -398,13 +398,16 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
   HAK_SLOW_BEGIN();
   bool ok = heap != NULL && heap_refill(heap, cls);
   HAK_SLOW_END();
+  /* The block is taken before the purger starts: creating its thread
+   * allocates, and that could take the class's new list or retire it. */
+  void *b = ok ? hak_heap_pop(heap, cls) : NULL;
   hak_purge_start();
-  if (HAK_UNLIKELY(!ok)) {
+  if (HAK_UNLIKELY(b == NULL)) {
     errno = ENOMEM;
     return NULL;
   }
   HAK_CSTAT_ALLOC(cls, size);
-  return hak_heap_pop(heap, cls);
+  return b;
 }
 
 /* Most refills find blocks the owner freed to the class's current slab:

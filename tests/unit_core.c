@@ -1,9 +1,11 @@
 /* White-box tests of hakmem's internals, linked against the debug build
  * (assertions and exact per-class counters on). */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #include "harness.h"
 #include "internal.h"
 #include "blocks.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <sys/mman.h>
@@ -683,6 +685,40 @@ TEST(freed_slab_is_purged_after_delay) {
   CHECK(unit_purged(first));
   int resident = resident_pages(hak_slab_start(hak_segment_of_slab(first), first), 16 * 4096);
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
+}
+
+/* Creating the purger thread allocates. This file's pthread_create, which
+ * the library's call binds to, first takes what is left of one class's
+ * list, as a malloc of that class inside pthread_create would. */
+static size_t reenter_cls = SIZE_MAX;
+static void *reentered[64];
+static int n_reentered;
+
+typedef int pthread_create_fn(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+  static pthread_create_fn *real;
+  if (real == NULL) real = (pthread_create_fn *)dlsym(RTLD_NEXT, "pthread_create");
+  size_t cls = reenter_cls;
+  reenter_cls = SIZE_MAX;
+  if (cls != SIZE_MAX)
+    while (hak_tls_heap->free[cls] != NULL && n_reentered < 64)
+      reentered[n_reentered++] = malloc(hak_class_size[cls]);
+  return real(t, attr, fn, arg);
+}
+
+/* The refill that starts the purger takes its block first. */
+TEST(purger_start_that_allocates_leaves_the_refill_its_block) {
+  REQUIRE(atomic_load(&hak_purge_started) == 0); /* a forked child: not yet */
+  size_t cls = hak_size_class(3000);
+  REQUIRE(hak_tls_heap->queue[cls].first == NULL); /* the refill takes the long way */
+  reenter_cls = cls;
+  hak_purge_wake(); /* something to purge: the next such refill starts the thread */
+  void *p = malloc(3000);
+  CHECK(atomic_load(&hak_purge_started) == 1 && reenter_cls == SIZE_MAX);
+  CHECK(n_reentered > 0);
+  CHECK(p != NULL);
+  free(p);
+  for (int i = 0; i < n_reentered; i++) free(reentered[i]);
 }
 
 TEST(purge_happens_without_further_allocation) {
