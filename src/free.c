@@ -98,11 +98,16 @@ static void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t 
     free_remote_now(slab, b);
     return;
   }
+  /* The outbox takes the block before the old one goes over: handing over
+   * may start the purger, and creating its thread may free a block of this
+   * class (glibc frees the DTV of a cached stack it drops), which would then
+   * land in the outbox. */
   o = &heap->outbox[slab->cls];
-  if (o->slab) outbox_flush(o, true);
+  hak_outbox_t old = *o;
   o->slab = slab;
   o->first = o->last = b;
   o->bytes_left = HAK_PAGE_SIZE - slab->block_size;
+  if (old.slab) outbox_flush(&old, true);
 }
 
 void hak_check_large(hak_segment_t *seg, const void *p) {

@@ -687,12 +687,14 @@ TEST(freed_slab_is_purged_after_delay) {
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
 }
 
-/* Creating the purger thread allocates. This file's pthread_create, which
- * the library's call binds to, first takes what is left of one class's
- * list, as a malloc of that class inside pthread_create would. */
+/* Creating the purger thread allocates, and may free. This file's
+ * pthread_create, which the library's call binds to, first takes what is
+ * left of one class's list, as a malloc of that class inside pthread_create
+ * would, or frees a block. */
 static size_t reenter_cls = SIZE_MAX;
 static void *reentered[64];
 static int n_reentered;
+static void *reenter_free;
 
 typedef int pthread_create_fn(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
@@ -703,6 +705,9 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
   if (cls != SIZE_MAX)
     while (hak_tls_heap->free[cls] != NULL && n_reentered < 64)
       reentered[n_reentered++] = malloc(hak_class_size[cls]);
+  void *f = reenter_free;
+  reenter_free = NULL;
+  free(f);
   return real(t, attr, fn, arg);
 }
 
@@ -719,6 +724,56 @@ TEST(purger_start_that_allocates_leaves_the_refill_its_block) {
   CHECK(p != NULL);
   free(p);
   for (int i = 0; i < n_reentered; i++) free(reentered[i]);
+}
+
+/* A thread that allocates blocks and lives until told. */
+typedef struct {
+  void *ps[2];
+  sem_t ready, go;
+} holder_t;
+
+static void *hold_two(void *arg) {
+  holder_t *h = arg;
+  h->ps[0] = malloc(64);
+  h->ps[1] = malloc(64);
+  sem_post(&h->ready);
+  sem_wait(&h->go);
+  return NULL;
+}
+
+static bool on_remote_list(hak_slab_t *slab, const void *p) {
+  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next)
+    if (r == p) return true;
+  return false;
+}
+
+/* A remote free that flushes an outbox of an exited thread's slab starts
+ * the purger; the free that creating its thread makes (of the same class)
+ * is not lost when the outer free then fills the outbox. */
+TEST(purger_start_inside_a_remote_free_loses_no_block) {
+  holder_t dead = {0}, live = {0};
+  sem_init(&dead.ready, 0, 0), sem_init(&dead.go, 0, 0);
+  sem_init(&live.ready, 0, 0), sem_init(&live.go, 0, 0);
+  pthread_t td, tl;
+  REQUIRE(pthread_create(&td, NULL, hold_two, &dead) == 0);
+  REQUIRE(pthread_create(&tl, NULL, hold_two, &live) == 0);
+  sem_wait(&dead.ready);
+  sem_wait(&live.ready);
+  REQUIRE(slab_of_ptr(live.ps[0]) == slab_of_ptr(live.ps[1]));
+  free(dead.ps[0]); /* waits in this thread's outbox */
+  sem_post(&dead.go);
+  pthread_join(td, NULL); /* its slab has no owner now */
+  REQUIRE(atomic_load(&hak_purge_started) == 0);
+  reenter_free = live.ps[1];
+  free(live.ps[0]); /* flushes the outbox: the purger starts, frees live.ps[1] */
+  CHECK(atomic_load(&hak_purge_started) == 1 && reenter_free == NULL);
+  hak_free_flush_outboxes(hak_tls_heap);
+  hak_slab_t *slab = slab_of_ptr(live.ps[0]);
+  CHECK(on_remote_list(slab, live.ps[0]));
+  CHECK(on_remote_list(slab, live.ps[1]));
+  sem_post(&live.go);
+  pthread_join(tl, NULL);
+  free(dead.ps[1]);
 }
 
 TEST(purge_happens_without_further_allocation) {
