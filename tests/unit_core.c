@@ -752,8 +752,11 @@ static bool on_remote_list(hak_slab_t *slab, const void *p) {
  * is not lost when the outer free then fills the outbox. */
 TEST(purger_start_inside_a_remote_free_loses_no_block) {
   holder_t dead = {0}, live = {0};
-  sem_init(&dead.ready, 0, 0), sem_init(&dead.go, 0, 0);
-  sem_init(&live.ready, 0, 0), sem_init(&live.go, 0, 0);
+  holder_t *both[] = {&dead, &live};
+  for (int i = 0; i < 2; i++) {
+    sem_init(&both[i]->ready, 0, 0);
+    sem_init(&both[i]->go, 0, 0);
+  }
   pthread_t td, tl;
   REQUIRE(pthread_create(&td, NULL, hold_two, &dead) == 0);
   REQUIRE(pthread_create(&tl, NULL, hold_two, &live) == 0);
