@@ -699,7 +699,10 @@ static void *reenter_free;
 typedef int pthread_create_fn(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
   static pthread_create_fn *real;
-  if (real == NULL) real = (pthread_create_fn *)dlsym(RTLD_NEXT, "pthread_create");
+  if (real == NULL && (real = (pthread_create_fn *)dlsym(RTLD_NEXT, "pthread_create")) == NULL) {
+    fputs("unit: no pthread_create after this file's\n", stderr);
+    abort();
+  }
   size_t cls = reenter_cls;
   reenter_cls = SIZE_MAX;
   if (cls != SIZE_MAX)
