@@ -336,6 +336,8 @@ static size_t list_len(const hak_block_t *b) {
   return n;
 }
 
+static size_t remote_count(hak_slab_t *slab) { return list_len(atomic_load(&slab->remote)); }
+
 /* Once the heap takes a list of used blocks from a slab, the slab is
  * attached: its frees go to the heap's list, so malloc returns the block
  * freed last. Its used count is then no count; detaching (the list given
@@ -399,8 +401,7 @@ TEST(remote_frees_are_collected_by_owner) {
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   batch_t b = {ps, N};
   run_thread(free_batch, &b);
-  size_t on_remote = 0;
-  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next) on_remote++;
+  size_t on_remote = remote_count(slab);
   size_t same_slab = 0;
   for (int i = 0; i < N; i++) same_slab += slab_of_ptr(ps[i]) == slab;
   CHECK(on_remote == same_slab);
@@ -428,11 +429,6 @@ TEST(remote_frees_are_collected_by_owner) {
   CHECK(slab->used <= used_before);
 }
 
-static size_t remote_count(hak_slab_t *slab) {
-  size_t n = 0;
-  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next) n++;
-  return n;
-}
 
 typedef struct {
   batch_t batch, later;
