@@ -130,23 +130,22 @@ HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
   return (hak_slab_state_t)__atomic_load_n(&slab->state, __ATOMIC_RELAXED);
 }
 
-/* Whether the block offset off (from the segment start) is a block start of
- * the slab: one multiply, exact for offsets below 2^32 (see slab->magic).
- * An offset before the first block wraps to a large value and fails. The
- * bound is a constant, so the fast path reads magic once, from memory. */
-_Static_assert(HAK_BIG_MAX + HAK_CANARY <= ((size_t)1 << 31), "block sizes keep magic >= 2^33");
+/* Whether the offset off (from the segment start) is a block start of the
+ * slab, inside it: one multiply and one compare (see slab->magic). An
+ * offset before the first block wraps to a multiple too large, if a
+ * multiple at all, and fails like one past the last block. */
+_Static_assert(HAK_BIG_MAX + HAK_CANARY <= ((size_t)1 << 31), "block sizes keep magic > 2^33");
 HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
-  return ((uint64_t)(uint32_t)(off - slab->start_off) * slab->magic) >> 32 == 0;
+  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->block_bound;
 }
 
 /* Whether p is a block start of a slab in use: the checks any thread can
  * make, as they read only what the owner does not change while the slab is
- * in use (block size and capacity are set before any block of the slab is
+ * in use (block size and bound are set before any block of the slab is
  * handed out) and the state, atomically. */
 HAK_INLINE bool hak_slab_has_block(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
-  uintptr_t off = (uintptr_t)p - (uintptr_t)seg;
-  return hak_slab_state(slab) != HAK_SLAB_FREE && hak_slab_is_block(slab, off) &&
-         off - slab->start_off < (size_t)slab->capacity * slab->block_size;
+  return hak_slab_state(slab) != HAK_SLAB_FREE &&
+         hak_slab_is_block(slab, (uintptr_t)p - (uintptr_t)seg);
 }
 
 /* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,

@@ -100,9 +100,11 @@ struct __attribute__((aligned(64))) hak_slab_s {
    * to its heap (the heap's list of its class holds its used blocks), that
    * list, so the next malloc gets the block freed last, still in cache. */
   hak_block_t **free_to;
-  /* ceil(2^64 / block_size): for n < 2^32, n * magic (mod 2^64) is below
-   * 2^32 when n is a multiple of block_size and at least magic (> 2^45)
-   * otherwise, so free checks a pointer with one multiply. */
+  /* floor(2^64 / block_size) + 1, so block_size * magic = 2^64 + step
+   * with 1 <= step <= block_size. For n < 2^32, n * magic (mod 2^64) is
+   * k * step when n = k * block_size, and at least magic (> 2^32)
+   * otherwise: below block_bound exactly when n is the offset of one of
+   * the slab's blocks. free checks a pointer with one multiply. */
   uint64_t magic;
   /* Reserved blocks not on local_free (the heap's list counts as in use).
    * An attached slab's frees go to the heap's list yet decrement it, so it
@@ -117,6 +119,7 @@ struct __attribute__((aligned(64))) hak_slab_s {
   uint8_t units;  /* its length in units (1 while FREE) */
   uint8_t index;  /* its first unit */
   hak_block_t *local_free; /* blocks freed by the owner */
+  uint64_t block_bound;     /* capacity * step (see magic) */
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   union {
     struct {

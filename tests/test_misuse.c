@@ -140,6 +140,63 @@ static void do_free_global(int fd) {
 }
 TEST(free_of_global_aborts) { expect_abort(do_free_global, INVALID); }
 
+/* Slabs are runs of 64 KiB units in 4 MiB segments (docs/MEMORY.md). The
+ * two pointers below are block-aligned, a multiple of the block size away
+ * from a block, yet not blocks: free's fast path must see it too. */
+#define SEG_SIZE ((uintptr_t)4 << 20)
+#define UNIT_SIZE ((uintptr_t)64 << 10)
+
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* 48-byte blocks leave 16 bytes at the end of a unit. Among many blocks, p
+ * is one whose block-size stride ends past a unit boundary where another
+ * slab's block starts: p + 48 is past the end of p's slab. Freeing p first
+ * gives its slab, full by then, back to the thread's queue, so that the
+ * next free takes the fast path. */
+static void do_free_past_last_block(int fd) {
+  enum { N = 20000 };
+  static uintptr_t ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = (uintptr_t)malloc(40)) != 0);
+  qsort(ps, N, sizeof ps[0], cmp_ptr);
+  uintptr_t bs = UINTPTR_MAX;
+  for (int i = 1; i < N; i++)
+    if (ps[i] - ps[i - 1] < bs) bs = ps[i] - ps[i - 1];
+  REQUIRE(bs == 48);
+  for (int i = 0; i + 1 < N; i++) {
+    uintptr_t boundary = (ps[i] + bs + UNIT_SIZE - 1) & ~(UNIT_SIZE - 1);
+    if (boundary > ps[i] + bs && boundary < ps[i] + 2 * bs && ps[i + 1] == boundary) {
+      free((void *)ps[i]);
+      announce(fd, (void *)(ps[i] + bs));
+      free((void *)(ps[i] + bs));
+      return;
+    }
+  }
+  fprintf(stderr, "no slab end found among %d blocks\n", N);
+  exit(1);
+}
+TEST(free_just_past_a_slabs_last_block_aborts) { expect_abort(do_free_past_last_block, INVALID); }
+
+/* 64 bytes into a segment's header, which is a multiple of 64 bytes before
+ * the first block of the segment's first slab. */
+static void do_free_in_segment_header(int fd) {
+  for (int i = 0; i < 200000; i++) {
+    char *p = malloc(64);
+    REQUIRE(p);
+    uintptr_t off = (uintptr_t)p & (SEG_SIZE - 1);
+    if (off != 0 && off < UNIT_SIZE) {
+      announce(fd, p - off + 64);
+      free(p - off + 64);
+      return;
+    }
+  }
+  fprintf(stderr, "no block of a segment's first slab found\n");
+  exit(1);
+}
+TEST(free_into_a_segment_header_aborts) { expect_abort(do_free_in_segment_header, INVALID); }
+
 static void do_realloc_stack(int fd) {
   char local[64];
   memset(local, 1, sizeof local);

@@ -72,6 +72,39 @@ TEST(segment_of_finds_header_by_mask) {
   }
 }
 
+/* The block test of free's fast path against its definition, at every
+ * offset around a slab of each class (first slab, after the header, and
+ * one further on, 1 and 4 units long): a block start and inside the slab. */
+TEST(block_test_accepts_exactly_the_slab_block_starts) {
+  size_t len = 2 * HAK_SEG_SIZE;
+  uint8_t *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(map != MAP_FAILED);
+  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)map + HAK_SEG_MASK) & ~HAK_SEG_MASK);
+  size_t wrong = 0;
+  for (size_t cls = 0; cls < HAK_CLASSES; cls++) {
+    unsigned kind_units = hak_kind_units(hak_class_kind(cls));
+    unsigned placements[][2] = {{0, kind_units}, {8, kind_units}, {20, 4}, {0, 4}};
+    for (size_t i = 0; i < sizeof placements / sizeof placements[0]; i++) {
+      hak_slab_t *slab = &seg->slabs[placements[i][0]];
+      slab->index = (uint8_t)placements[i][0];
+      slab->units = (uint8_t)placements[i][1];
+      if (hak_slab_bytes(slab) < hak_class_size[cls]) continue; /* a 4-unit slab of a big class */
+      hak_slab_init(slab, cls);
+      size_t start = slab->start_off, bs = slab->block_size, cap = slab->capacity;
+      CHECK(cap == hak_slab_bytes(slab) / bs);
+      size_t end = start + cap * bs + 2 * bs;
+      for (size_t off = 0; off < end && off < HAK_SEG_SIZE; off++) {
+        bool want = off >= start && (off - start) % bs == 0 && (off - start) / bs < cap;
+        if (hak_slab_is_block(slab, off) != want && wrong++ < 5)
+          fprintf(stderr, "    class %zu (%zu B), slab at unit %u: offset %zu %s\n", cls, bs,
+                  placements[i][0], off, want ? "rejected" : "accepted");
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  munmap(map, len);
+}
+
 TEST(segment_of_rejects_foreign_pointers) {
   int local;
   static int global;
