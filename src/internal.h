@@ -130,19 +130,30 @@ HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
   return (hak_slab_state_t)__atomic_load_n(&slab->state, __ATOMIC_RELAXED);
 }
 
-/* Whether the offset off (from the segment start) is a block start of the
- * slab, inside it: one multiply and one compare (see slab->magic). An
- * offset before the first block wraps to a multiple too large, if a
- * multiple at all, and fails like one past the last block. */
+/* Whether the offset off (from the segment start) is the start of a block
+ * the slab has carved, given its block_bound: one multiply and one compare
+ * (see slab->magic). An offset before the first block wraps to a multiple
+ * too large, if a multiple at all, and fails like one past the blocks. */
 _Static_assert(HAK_BIG_MAX + HAK_CANARY <= ((size_t)1 << 31), "block sizes keep magic > 2^33");
+HAK_INLINE bool hak_slab_is_block_below(const hak_slab_t *slab, uintptr_t off, uint64_t bound) {
+  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < bound;
+}
+/* The same, from any thread. */
 HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
-  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < slab->block_bound;
+  return hak_slab_is_block_below(slab, off, __atomic_load_n(&slab->block_bound, __ATOMIC_RELAXED));
+}
+/* The slab's blocks carved so far become n (by its owner). */
+HAK_INLINE void hak_slab_set_reserved(hak_slab_t *slab, uint32_t n) {
+  slab->reserved = n;
+  uint64_t step = (uint64_t)slab->block_size * slab->magic; /* wraps to the step */
+  __atomic_store_n(&slab->block_bound, n * step, __ATOMIC_RELAXED);
 }
 
 /* Whether p is a block start of a slab in use: the checks any thread can
  * make, as they read only what the owner does not change while the slab is
- * in use (block size and bound are set before any block of the slab is
- * handed out) and the state, atomically. */
+ * in use (block size and magic are set before any block of the slab is
+ * handed out), the state and the bound, atomically. A block handed out was
+ * carved before, so a thread that got it sees the bound that covers it. */
 HAK_INLINE bool hak_slab_has_block(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
   return hak_slab_state(slab) != HAK_SLAB_FREE &&
          hak_slab_is_block(slab, (uintptr_t)p - (uintptr_t)seg);
@@ -367,7 +378,7 @@ HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) 
   uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
   hak_slab_t *slab = seg->unit_slab[off >> HAK_UNIT_SHIFT];
   return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
-                 hak_slab_is_block(slab, off)
+                 hak_slab_is_block_below(slab, off, slab->block_bound) /* ours: written here */
              ? slab
              : NULL;
 }

@@ -71,9 +71,8 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab->magic = UINT64_MAX / bs + 1 + ((bs & (bs - 1)) == 0);
   slab->start_off = (uint32_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
   slab->capacity = (uint32_t)(hak_slab_bytes(slab) / bs);
-  slab->block_bound = slab->capacity * (bs * slab->magic); /* the product wraps to the step */
   slab->cls = (uint8_t)cls;
-  slab->reserved = 0;
+  hak_slab_set_reserved(slab, 0);
   slab_detach(slab, 0);
   slab->retiring = 0;
   slab->local_free = NULL;
@@ -115,7 +114,7 @@ static hak_block_t *slab_carve(hak_slab_t *slab) {
   size_t n = carve_batch(bs);
   if (n > slab->capacity - slab->reserved) n = slab->capacity - slab->reserved;
   uint8_t *first = hak_slab_start(seg, slab) + (size_t)slab->reserved * bs;
-  slab->reserved += (uint32_t)n;
+  hak_slab_set_reserved(slab, slab->reserved + (uint32_t)n);
 #if HAK_SECURE
   /* A random order, so the next block's address cannot be predicted. */
   uint16_t order[HAK_EXTEND_BYTES / 16];

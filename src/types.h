@@ -104,7 +104,7 @@ struct __attribute__((aligned(64))) hak_slab_s {
    * with 1 <= step <= block_size. For n < 2^32, n * magic (mod 2^64) is
    * k * step when n = k * block_size, and at least magic (> 2^32)
    * otherwise: below block_bound exactly when n is the offset of one of
-   * the slab's blocks. free checks a pointer with one multiply. */
+   * the blocks carved. free checks a pointer with one multiply. */
   uint64_t magic;
   /* Reserved blocks not on local_free (the heap's list counts as in use).
    * An attached slab's frees go to the heap's list yet decrement it, so it
@@ -119,7 +119,10 @@ struct __attribute__((aligned(64))) hak_slab_s {
   uint8_t units;  /* its length in units (1 while FREE) */
   uint8_t index;  /* its first unit */
   hak_block_t *local_free; /* blocks freed by the owner */
-  uint64_t block_bound;     /* capacity * step (see magic) */
+  /* reserved * step (see magic), so a block not handed out yet fails the
+   * test too. Written by the owner, with relaxed atomic stores (other
+   * threads check their frees against it); the owner reads it plainly. */
+  uint64_t block_bound;
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   union {
     struct {

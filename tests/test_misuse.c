@@ -7,6 +7,7 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <sys/mman.h>
 
@@ -196,6 +197,18 @@ static void do_free_in_segment_header(int fd) {
   exit(1);
 }
 TEST(free_into_a_segment_header_aborts) { expect_abort(do_free_in_segment_header, INVALID); }
+
+/* A block-aligned pointer to a block its slab has not carved yet: slabs
+ * carve blocks 4 at a time (at least), and a 1 MiB slab holds 9 blocks of
+ * 112 KiB, the first p. */
+static void do_free_not_handed_out(int fd) {
+  char *p = malloc(100000);
+  REQUIRE(p);
+  size_t bs = (malloc_usable_size(p) + 4095) & ~(size_t)4095; /* its class: 112 KiB */
+  announce(fd, p + 5 * bs);
+  free(p + 5 * bs);
+}
+TEST(free_of_a_block_not_handed_out_yet_aborts) { expect_abort(do_free_not_handed_out, INVALID); }
 
 static void do_realloc_stack(int fd) {
   char local[64];

@@ -74,8 +74,9 @@ TEST(segment_of_finds_header_by_mask) {
 
 /* The block test of free's fast path against its definition, at every
  * offset around a slab of each class (first slab, after the header, and
- * one further on, 1 and 4 units long): a block start and inside the slab. */
-TEST(block_test_accepts_exactly_the_slab_block_starts) {
+ * one further on, 1 and 4 units long): a block start, and of a block
+ * carved (none, a third, all). */
+TEST(block_test_accepts_exactly_the_carved_block_starts) {
   size_t len = 2 * HAK_SEG_SIZE;
   uint8_t *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(map != MAP_FAILED);
@@ -92,12 +93,16 @@ TEST(block_test_accepts_exactly_the_slab_block_starts) {
       hak_slab_init(slab, cls);
       size_t start = slab->start_off, bs = slab->block_size, cap = slab->capacity;
       CHECK(cap == hak_slab_bytes(slab) / bs);
-      size_t end = start + cap * bs + 2 * bs;
-      for (size_t off = 0; off < end && off < HAK_SEG_SIZE; off++) {
-        bool want = off >= start && (off - start) % bs == 0 && (off - start) / bs < cap;
-        if (hak_slab_is_block(slab, off) != want && wrong++ < 5)
-          fprintf(stderr, "    class %zu (%zu B), slab at unit %u: offset %zu %s\n", cls, bs,
-                  placements[i][0], off, want ? "rejected" : "accepted");
+      size_t carved[] = {0, (cap + 2) / 3, cap};
+      for (size_t c = 0; c < 3; c++) {
+        hak_slab_set_reserved(slab, (uint32_t)carved[c]);
+        size_t end = start + cap * bs + 2 * bs;
+        for (size_t off = 0; off < end && off < HAK_SEG_SIZE; off++) {
+          bool want = off >= start && (off - start) % bs == 0 && (off - start) / bs < carved[c];
+          if (hak_slab_is_block(slab, off) != want && wrong++ < 5)
+            fprintf(stderr, "    class %zu (%zu B), slab at unit %u, %zu carved: offset %zu %s\n",
+                    cls, bs, placements[i][0], carved[c], off, want ? "rejected" : "accepted");
+        }
       }
     }
   }
