@@ -120,8 +120,9 @@ struct __attribute__((aligned(64))) hak_slab_s {
   uint8_t index;  /* its first unit */
   hak_block_t *local_free; /* blocks freed by the owner */
   /* reserved * step (see magic), so a block not handed out yet fails the
-   * test too. Written by the owner, with relaxed atomic stores (other
-   * threads check their frees against it); the owner reads it plainly. */
+   * test too; a FREE slab's units keep the bound it had, to name a double
+   * free. Written by the owner, with relaxed atomic stores (other threads
+   * check their frees against it); the owner reads it plainly. */
   uint64_t block_bound;
   _Atomic(hak_block_t *) remote __attribute__((aligned(64))); /* other threads' frees */
   union {

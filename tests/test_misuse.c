@@ -184,7 +184,7 @@ TEST(free_just_past_a_slabs_last_block_aborts) { expect_abort(do_free_past_last_
  * the first block of the segment's first slab. */
 static void do_free_in_segment_header(int fd) {
   for (int i = 0; i < 200000; i++) {
-    char *p = malloc(64);
+    char *p = malloc(56); /* 64-byte blocks in the secure build too (8-byte canary) */
     REQUIRE(p);
     uintptr_t off = (uintptr_t)p & (SEG_SIZE - 1);
     if (off != 0 && off < UNIT_SIZE) {
@@ -200,7 +200,8 @@ TEST(free_into_a_segment_header_aborts) { expect_abort(do_free_in_segment_header
 
 /* A block-aligned pointer to a block its slab has not carved yet: slabs
  * carve blocks 4 at a time (at least), and a 1 MiB slab holds 9 blocks of
- * 112 KiB, the first p. */
+ * 112 KiB, p one of the first 4 (no other test uses the class, so the
+ * child's slab is a new one). */
 static void do_free_not_handed_out(int fd) {
   char *p = malloc(100000);
   REQUIRE(p);
@@ -232,12 +233,26 @@ static void double_free(int fd, size_t size) {
   free(p);
   free(p);
 }
+/* A block of the second unit of a slab released since: 16 KiB blocks, 4
+ * to a unit, in slabs of 8 units; the first slab is released once all 100
+ * blocks are freed, the class's current slab being another. */
+static void do_double_free_released(int fd) {
+  enum { N = 100 };
+  char *ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(16000)) != NULL);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  announce(fd, ps[5]);
+  free(ps[5]);
+}
 static void do_double_free_small(int fd) { double_free(fd, 32); }
 static void do_double_free_medium(int fd) { double_free(fd, 16384); }
 static void do_double_free_large(int fd) { double_free(fd, 1 << 20); }
 TEST(double_free_of_small_block_aborts) { expect_abort(do_double_free_small, DOUBLE); }
 TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DOUBLE); }
 TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
+TEST(double_free_in_a_released_slabs_second_unit_aborts) {
+  expect_abort(do_double_free_released, DOUBLE);
+}
 
 /* The harness itself must see a clean run: sanity of expect_abort. */
 static void do_abort_plainly(int fd) {
