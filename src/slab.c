@@ -65,10 +65,9 @@ static void queue_move_front(hak_slab_queue_t *q, hak_slab_t *s) {
 
 void hak_slab_init(hak_slab_t *slab, size_t cls) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
-  slab->block_size = hak_class_size[cls];
-  size_t bs = slab->block_size;
-  /* UINT64_MAX / bs is floor(2^64 / bs) - 1 for a power of two */
-  slab->magic = UINT64_MAX / bs + 1 + ((bs & (bs - 1)) == 0);
+  size_t bs = hak_class_size[cls];
+  slab->block_size = (uint32_t)bs;
+  slab->magic = (0 - (uint64_t)bs) / bs + 2; /* (2^64 - bs) / bs + 2 = floor(2^64 / bs) + 1 */
   slab->start_off = (uint32_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
   slab->capacity = (uint32_t)(hak_slab_bytes(slab) / bs);
   slab->cls = (uint8_t)cls;
