@@ -374,7 +374,16 @@ static size_t list_len(const hak_block_t *b) {
   return n;
 }
 
+static bool list_has(const hak_block_t *b, const void *p) {
+  for (; b; b = b->next)
+    if (b == p) return true;
+  return false;
+}
+
 static size_t remote_count(hak_slab_t *slab) { return list_len(atomic_load(&slab->remote)); }
+static bool on_remote_list(hak_slab_t *slab, const void *p) {
+  return list_has(atomic_load(&slab->remote), p);
+}
 
 /* Once the heap takes a list of used blocks from a slab, the slab is
  * attached: its frees go to the heap's list, so malloc returns the block
@@ -466,7 +475,6 @@ TEST(remote_frees_are_collected_by_owner) {
   CHECK(slab->used == slab->reserved - listed);
   CHECK(slab->used <= used_before);
 }
-
 
 typedef struct {
   batch_t batch, later;
@@ -647,7 +655,6 @@ TEST(current_slab_stays_through_ping_pong) {
   CHECK(atomic_load(&hak_gstats.slabs_allocated) == taken);
 }
 
-
 TEST(reused_slab_tail_is_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
@@ -776,12 +783,6 @@ static void *hold_two(void *arg) {
   sem_post(&h->ready);
   sem_wait(&h->go);
   return NULL;
-}
-
-static bool on_remote_list(hak_slab_t *slab, const void *p) {
-  for (hak_block_t *r = atomic_load(&slab->remote); r; r = r->next)
-    if (r == p) return true;
-  return false;
 }
 
 /* A remote free that flushes an outbox of an exited thread's slab starts
