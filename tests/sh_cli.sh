@@ -161,7 +161,9 @@ if command -v gnuplot >/dev/null; then
   [ "$(head -c 4 "$tmp/c.png" 2>/dev/null | od -An -c | tr -d ' ')" = "211PNG" ]
   check "compare --png writes a PNG chart" $? "$(ls -la "$tmp" 2>&1)"
 else
-  out=$(PATH=/nonexistent "$HAK" compare --rounds 1 --only hakmem,glibc --lib "$LIBHAKMEM" --png "$tmp/c.png" -- /bin/true 2>&1); rc=$?
+  # a PATH with python3 (which runs the tool) and nothing else
+  mkdir -p "$tmp/py-only" && ln -sf "$(python3 -c 'import sys; print(sys.executable)')" "$tmp/py-only/python3"
+  out=$(PATH="$tmp/py-only" "$HAK" compare --rounds 1 --only hakmem,glibc --lib "$LIBHAKMEM" --png "$tmp/c.png" -- /bin/true 2>&1); rc=$?
   [ $rc -eq 2 ] && [[ $out == *"gnuplot not found"* ]]
   check "compare --png without gnuplot: clear message, exit 2" $? "rc=$rc $out"
 fi
