@@ -6,7 +6,7 @@
  * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
  * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
-  void *b = hak_heap_pop(heap, cls);
+  void *b = hak_heap_pop_any(heap, cls);
   if (HAK_UNLIKELY(b == NULL)) return hak_heap_refill(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
@@ -41,8 +41,9 @@ void *hak_alloc_zero(size_t count, size_t size) {
   if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = hak_size_class(total + HAK_CANARY);
-  bool clean = heap->clean[cls];
-  void *p = hak_heap_pop(heap, cls);
+  /* A span's cache may hold blocks freed since its refill. */
+  bool clean = heap->clean[cls] && !hak_class_is_span(cls);
+  void *p = hak_heap_pop_any(heap, cls);
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
@@ -78,6 +79,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
     hak_check_large(seg, p);
     return hak_large_realloc(seg, p, size);
   }
+  if (seg->kind == HAK_KIND_SPANS) return hak_span_realloc(seg, p, size);
   size_t old = slab_block_size(seg, p);
   /* In place when it fits and wastes at most half the block. */
   if (size <= old && size >= old / 2) return p;
@@ -91,13 +93,20 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
 /* The common case first, with no call: a block that keeps fitting. Any
  * slab in use will do, as nothing changes: a block of a FULL slab (a string
  * that grew a while ago) took the generic path, and which one did was a
- * branch the processor could not predict. size 0 never fits (old / 2 >= 4). */
+ * branch the processor could not predict. size 0 never fits (old / 2 >= 4).
+ * A span segment's units map to a FREE descriptor: its blocks are checked
+ * by their page word. */
 void *hak_realloc_impl(void *p, size_t size) {
   hak_segment_t *seg = hak_segment_of(p); /* NULL for NULL */
   if (HAK_LIKELY(seg != NULL && seg->kind != HAK_KIND_LARGE)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;
     if (HAK_LIKELY(hak_slab_has_block(seg, slab, p) && size <= old && size >= old / 2)) return p;
+    if (seg->kind == HAK_KIND_SPANS) {
+      uint64_t w = seg->span.page[hak_span_page_index(p)];
+      old = hak_class_size[hak_span_word_class(w)] - HAK_CANARY;
+      if (HAK_LIKELY(hak_span_word_is_block(w, p) && size <= old && size >= old / 2)) return p;
+    }
   }
   return realloc_generic(p, size);
 }
@@ -107,5 +116,6 @@ size_t hak_usable_size_impl(const void *p) {
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
   if (seg->kind == HAK_KIND_LARGE) return seg->large_size;
+  if (seg->kind == HAK_KIND_SPANS) return hak_span_usable_size(seg, p);
   return slab_block_size(seg, p);
 }

@@ -7,14 +7,14 @@ const uint32_t hak_class_size[HAK_CLASSES] = {
   288, 320, 352, 384, 416, 448, 480, 512,
   576, 640, 704, 768, 832, 896, 960, 1024,
   1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
-  5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
-  20480, 24576, 28672, 32768, 40960, 49152, 57344, 65536,
-  81920, 98304, 114688, 131072, 163840, 196608, 229376, 262144,
+  5120, 6144, 7168, 8192, 12288, 16384, 20480, 24576,
+  28672, 32768, 40960, 49152, 57344, 65536, 81920, 98304,
+  114688, 131072, 163840, 196608, 229376, 262144,
 };
 
 /* Class of a size <= 256 KiB, indexed by (size + 15) / 16: the malloc fast
- * path serves every slab size with one lookup (16 KiB, of which a program
- * touches the lines of the sizes it uses). */
+ * path serves every slab and span size with one lookup (16 KiB, of which a
+ * program touches the lines of the sizes it uses). */
 const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1] = {
 #include "class_table.inc"
 };

@@ -1,6 +1,6 @@
-/* Free: the generic path behind the inline fast path. It handles NULL,
- * large blocks, FULL slabs of this thread, frees from other threads, and
- * names invalid and double frees. */
+/* Free: the generic path behind the inline fast paths (free's own and the
+ * span tier's). It handles NULL, large blocks, FULL slabs of this thread,
+ * frees from other threads, and names invalid and double frees. */
 #include "internal.h"
 
 #include <unistd.h>

@@ -40,6 +40,7 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
   }
   if (h) {
     memset(h, 0, sizeof *h);
+    hak_span_heap_init(h);
     h->token = token;
     h->next = heaps_live;
     if (heaps_live) heaps_live->prev = h;
@@ -80,8 +81,9 @@ hak_heap_t *hak_heap_get(void) {
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == &hak_heap_empty) return;
   hak_free_flush_outboxes(heap);
+  hak_span_flush(heap);
   pthread_mutex_lock(&heap->lock);
-  for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
@@ -91,10 +93,11 @@ void hak_heap_done(hak_heap_t *heap) {
 void hak_heap_collect(hak_heap_t *heap, bool force) {
   if (heap == &hak_heap_empty) return;
   hak_free_flush_outboxes(heap);
+  hak_span_flush(heap);
   pthread_mutex_lock(&heap->lock);
-  for (size_t c = 0; c < HAK_CLASSES; c++) hak_heap_return_list(heap, c);
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
   if (force) hak_segment_reclaim_abandoned(heap);
-  for (size_t c = 0; c < HAK_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     hak_slab_t *s = heap->queue[c].first;
     while (s) {
       hak_slab_t *next = s->next;
@@ -133,6 +136,7 @@ void hak_heaps_usage(hak_usage_t *u) {
     pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&hak_heaps_lock);
+  hak_span_usage(u);
   /* This thread's own lists are free blocks, not used ones. */
   hak_heap_t *me = hak_tls_heap;
   for (size_t c = 0; c < HAK_CLASSES; c++) {
@@ -158,6 +162,7 @@ bool hak_release_all(void) {
   }
   pthread_mutex_unlock(&hak_heaps_lock);
   hak_segment_purge_abandoned(true);
+  hak_span_purge(true);
   hak_segment_cache_collect(true);
   hak_large_cache_collect(true);
   hak_purge_drain();

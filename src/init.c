@@ -26,18 +26,21 @@ static void thread_done(void *value) {
 static void fork_prepare(void) {
   hak_purge_fork_prepare();
   hak_heaps_lock_all();
+  pthread_mutex_lock(&hak_span_lock);
   pthread_mutex_lock(&hak_segment_lock);
   pthread_mutex_lock(&hak_large_lock);
 }
 static void fork_parent(void) {
   pthread_mutex_unlock(&hak_large_lock);
   pthread_mutex_unlock(&hak_segment_lock);
+  pthread_mutex_unlock(&hak_span_lock);
   hak_heaps_unlock_all(false);
   hak_purge_fork_parent();
 }
 static void fork_child(void) {
   pthread_mutex_init(&hak_large_lock, NULL);
   pthread_mutex_init(&hak_segment_lock, NULL);
+  hak_span_fork_child();
   hak_heaps_unlock_all(true);
   hak_purge_fork_child();
   hak_heaps_abandon_others(hak_tls_heap);

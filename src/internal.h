@@ -47,16 +47,7 @@ extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 /* Class of a size <= HAK_BIG_MAX. */
 _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
 HAK_INLINE size_t hak_size_class(size_t size) { return hak_fast_class[(size + 15) >> 4]; }
-HAK_INLINE unsigned hak_class_kind(size_t cls) {
-  size_t bs = hak_class_size[cls];
-  return bs <= HAK_KIND_SMALL_MAX ? HAK_KIND_SMALL
-         : bs <= HAK_KIND_MID_MAX ? HAK_KIND_MID
-                                  : HAK_KIND_BIG;
-}
-/* Length of a slab of a kind, in units. */
-HAK_INLINE unsigned hak_kind_units(unsigned kind) {
-  return kind == HAK_KIND_SMALL ? 1 : kind == HAK_KIND_MID ? 8 : 16;
-}
+HAK_INLINE bool hak_class_is_span(size_t cls) { return cls >= HAK_SLAB_CLASSES; }
 
 /* ---- os.c: the only place that talks to the kernel ---- */
 void *hak_os_map(size_t size);
@@ -87,16 +78,24 @@ size_t hak_os_rss_peak(void);
  * (32 MiB of address space, untouched but for the chunks hakmem uses) ---- */
 #define HAK_SEGMAP_SIZE ((size_t)1 << (47 - HAK_SEG_SHIFT))
 extern _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
+/* What a chunk's byte says, so that free goes to its tier in one compare. */
+enum {
+  HAK_SEGMAP_NONE = 0,  /* not ours */
+  HAK_SEGMAP_SLABS = 1, /* a slab segment, or a large block's */
+  HAK_SEGMAP_SPANS = 2, /* a span segment */
+};
 
-/* Whether (p - 1)'s chunk is a segment of ours. NULL maps to the last
- * chunk of the address space, which is never used. A plain read, so the
- * test is one compare: a chunk's byte is set before any of its blocks is
- * handed out and cleared only once none is live, so only a free of a
- * pointer that is not (or no longer) a block can race with the write. */
-HAK_INLINE bool hak_segmap_has(const void *p) {
+/* The byte of (p - 1)'s chunk. NULL maps to the last chunk of the address
+ * space, which is never used. A plain read: a chunk's byte is set before
+ * any of its blocks is handed out and changed only once none is live, so
+ * only a free of a pointer that is not (or no longer) a block can race
+ * with the write. */
+HAK_INLINE uint8_t hak_segmap_of(const void *p) {
   uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
-  return *(const uint8_t *)&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)] != 0;
+  return *(const uint8_t *)&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)];
 }
+/* Whether (p - 1)'s chunk is a segment of ours. */
+HAK_INLINE bool hak_segmap_has(const void *p) { return hak_segmap_of(p) != HAK_SEGMAP_NONE; }
 
 /* Whether a segment may start at p: the last chunk stands for NULL. */
 HAK_INLINE bool hak_segmap_usable(const void *p) {
@@ -169,7 +168,7 @@ HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
 }
 
 /* ---- segment.c ---- */
-void hak_segmap_set(hak_segment_t *seg, bool on);
+void hak_segmap_set(hak_segment_t *seg, uint8_t value); /* HAK_SEGMAP_* */
 /* A FREE slab of n units (shorter, down to 4 blocks of block_size, to
  * reuse committed memory) in heap's segments, then adopted, cached or new
  * ones, its units set; NULL when out of memory. May adopt abandoned
@@ -192,6 +191,46 @@ void hak_segment_reclaim_abandoned(hak_heap_t *heap);
  * another thread did first, or it was empty and went to the cache). */
 bool hak_segment_reclaim_one(hak_heap_t *heap, hak_segment_t *seg);
 extern pthread_mutex_t hak_segment_lock;
+
+/* The span tier takes whole empty segments from the segment cache (or new
+ * ones) and gives them back: *zero, their memory past the header is zero;
+ * *purged, none of it counts as committed. */
+hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged);
+void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
+
+/* ---- span.c: blocks of the span classes ---- */
+extern pthread_mutex_t hak_span_lock;
+/* A span segment's page words: the low two bits tell what a page is. */
+#define HAK_PAGE_FREE 1u /* first or last page of a free run: its record | 1 */
+#define HAK_PAGE_USED 2u /* first page of a block: pages << 16 | class << 8 | 2 */
+#define HAK_PAGE_TAIL 3u /* last page of a block of two pages or more */
+#define HAK_PAGE_TAG 3u
+/* p's page in its segment (0, a header page, for a pointer at the very
+ * end of a segment). */
+HAK_INLINE unsigned hak_span_page_index(const void *p) {
+  return (unsigned)(((uintptr_t)p & HAK_SEG_MASK) >> HAK_PAGE_SHIFT);
+}
+/* Whether w, the word of p's page, says p starts a block in use. */
+HAK_INLINE bool hak_span_word_is_block(uint64_t w, const void *p) {
+  return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) | ((w & HAK_PAGE_TAG) ^ HAK_PAGE_USED)) == 0;
+}
+HAK_INLINE size_t hak_span_word_class(uint64_t w) { return (size_t)(uint8_t)(w >> 8); }
+/* malloc's miss for a span class: fills the heap's cache of cls (creating
+ * a new thread's heap first) and pops a block for a request of size; NULL
+ * with ENOMEM when out of memory. */
+HAK_NOINLINE void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls);
+/* What free's fast path does not handle for a block of span segment seg
+ * (see hak_span_free_inline). */
+HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p);
+void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size);
+size_t hak_span_usable_size(hak_segment_t *seg, const void *p); /* checks p */
+/* The heap's caches go back to the page heap (thread exit, collect). */
+void hak_span_flush(hak_heap_t *heap);
+void hak_span_heap_init(hak_heap_t *heap); /* a new heap's cache bounds */
+/* Purges free runs idle for the purge delay (force: all, and releases
+ * every segment all free); true while some wait. */
+bool hak_span_purge(bool force);
+void hak_span_fork_child(void);
 
 /* ---- slab.c ---- */
 void hak_slab_init(hak_slab_t *slab, size_t cls);
@@ -249,6 +288,7 @@ typedef struct {
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u);
 void hak_segment_usage_abandoned(hak_usage_t *u);
 void hak_heaps_usage(hak_usage_t *u); /* every heap and abandoned segment */
+void hak_span_usage(hak_usage_t *u);  /* span segments */
 /* Everything free goes back to the OS now: all heaps, all caches. */
 bool hak_release_all(void);
 
@@ -331,6 +371,19 @@ void hak_purge_fork_prepare(void);
 void hak_purge_fork_parent(void);
 void hak_purge_fork_child(void);
 
+/* The end of a refill, with b popped (NULL when out of memory): the purger
+ * may start now (creating its thread allocates, which could take the list
+ * just refilled), and a failure sets errno. */
+HAK_INLINE void *hak_refill_done(void *b, size_t cls, size_t size) {
+  hak_purge_start();
+  if (HAK_UNLIKELY(b == NULL)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  HAK_CSTAT_ALLOC(cls, size);
+  return b;
+}
+
 /* ---- init.c ---- */
 #if HAK_SECURE
 uint64_t hak_random(void); /* per-thread xorshift, seeded from the secret */
@@ -361,6 +414,10 @@ HAK_INLINE void hak_block_handout(void *b, size_t block_size) {
   *(uintptr_t *)((uint8_t *)b + block_size - HAK_CANARY) = hak_canary(b);
 }
 HAK_COLD __attribute__((noreturn)) void hak_overflow(const void *p);
+/* A block kept in place by realloc now ends elsewhere. */
+HAK_INLINE void hak_block_resized(void *b, size_t block_size) {
+  *(uintptr_t *)((uint8_t *)b + block_size - HAK_CANARY) = hak_canary(b);
+}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {
   if (HAK_UNLIKELY(((uintptr_t *)b)[1] == hak_free_tag(b))) hak_double_free(b);
   if (HAK_UNLIKELY(*(uintptr_t *)((uint8_t *)b + block_size - HAK_CANARY) != hak_canary(b)))
@@ -371,6 +428,7 @@ HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {
 HAK_INLINE hak_block_t *hak_next(const hak_block_t *b) { return b->next; }
 HAK_INLINE void hak_set_next(hak_block_t *b, hak_block_t *next) { b->next = next; }
 HAK_INLINE void hak_block_handout(void *b, size_t block_size) {}
+HAK_INLINE void hak_block_resized(void *b, size_t block_size) {}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 #endif
 
@@ -393,11 +451,45 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
   return b;
 }
 
+/* A span class's cache counts the room it has left: free bounds it. */
+HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
+  void *b = hak_heap_pop(heap, cls);
+  if (HAK_LIKELY(b != NULL)) heap->span_room[cls - HAK_SLAB_CLASSES]++;
+  return b;
+}
+HAK_INLINE void hak_span_push(hak_heap_t *heap, size_t cls, hak_block_t *b) {
+  hak_block_check_free(b, hak_class_size[cls]);
+  HAK_CSTAT_FREE(cls);
+  hak_set_next(b, heap->free[cls]);
+  heap->free[cls] = b;
+  heap->span_room[cls - HAK_SLAB_CLASSES]--;
+}
+/* A block of any class from the heap's list, or NULL. */
+HAK_INLINE void *hak_heap_pop_any(hak_heap_t *heap, size_t cls) {
+  return hak_class_is_span(cls) ? hak_span_pop(heap, cls) : hak_heap_pop(heap, cls);
+}
+
+/* free of a block of span segment seg: onto this thread's cache of its
+ * class, unless it is not a block in use, or the block freed just before,
+ * or the cache is full (or the thread has no heap: the sentinel has no
+ * room). */
+HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
+  uint64_t w = seg->span.page[hak_span_page_index(p)];
+  size_t cls = hak_span_word_class(w);
+  hak_heap_t *heap = hak_tls_heap;
+  if (HAK_LIKELY(hak_span_word_is_block(w, p) && heap->free[cls] != p &&
+                 heap->span_room[cls - HAK_SLAB_CLASSES] != 0)) {
+    hak_span_push(heap, cls, p);
+    return;
+  }
+  hak_span_free_slow(seg, p);
+}
+
 /* ---- fast paths ---- */
 
 HAK_INLINE void *hak_malloc_inline(size_t size) {
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
+  if (HAK_LIKELY(size <= HAK_SLAB_MAX - HAK_CANARY)) {
     size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
@@ -406,12 +498,28 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
     }
     return hak_heap_refill(size, heap, cls);
   }
+  if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
+    size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
+    void *b = hak_span_pop(heap, cls);
+    if (HAK_LIKELY(b != NULL)) {
+      HAK_CSTAT_ALLOC(cls, size);
+      return b;
+    }
+    return hak_span_refill(size, heap, cls);
+  }
   return hak_large_alloc(size, 0, false);
 }
 
+/* The byte read again, so that the first read is a compare with memory
+ * (a load apart would cost free's slab path an instruction). */
+HAK_INLINE uint8_t hak_segmap_reread(const void *p) {
+  uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
+  return atomic_load_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], memory_order_relaxed);
+}
+
 HAK_INLINE void hak_free_inline(void *p) {
-  if (HAK_LIKELY(hak_segmap_has(p))) {
-    hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  if (HAK_LIKELY(hak_segmap_of(p) == HAK_SEGMAP_SLABS)) {
     hak_slab_t *slab = hak_own_slab_of_block(seg, p);
     hak_block_t *b = (hak_block_t *)p, *head, **to;
     /* Ours, a block start (interior and misaligned pointers are not a
@@ -430,6 +538,9 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_slab_emptied(hak_tls_heap, slab); /* the owner is this thread */
       return;
     }
+  } else if (hak_segmap_reread(p) == HAK_SEGMAP_SPANS) {
+    hak_span_free_inline(seg, p);
+    return;
   }
   hak_free_generic(p);
 }

@@ -67,7 +67,7 @@ static void header_units(hak_segment_t *s) {
 static void header_moved(hak_segment_t *s, size_t map_size) {
   s->map_size = map_size;
   header_units(s);
-  hak_segmap_set(s, true);
+  hak_segmap_set(s, HAK_SEGMAP_SLABS);
 }
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
@@ -78,7 +78,7 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
   s->map_size = map_size;
   s->large_offset = offset;
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
-  hak_segmap_set(s, true);
+  hak_segmap_set(s, HAK_SEGMAP_SLABS);
 }
 
 static bool arena_init(void) {
@@ -111,7 +111,7 @@ static void dirt_fold(size_t k, size_t used) {
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
   chunk[k] = CH_FRESH;
-  hak_segmap_set((hak_segment_t *)chunk_addr(k), false);
+  hak_segmap_set((hak_segment_t *)chunk_addr(k), HAK_SEGMAP_NONE);
   dirty_add(dirt[k], false);
   dirt[k] = 0;
 }
@@ -127,7 +127,7 @@ static void chunks_claim(size_t i, size_t n, bool first) {
     }
     chunk[k] = first && k == i ? CH_HEAD : CH_BODY;
     live_chunks++;
-    if (k != i || !first) hak_segmap_set((hak_segment_t *)chunk_addr(k), false);
+    if (k != i || !first) hak_segmap_set((hak_segment_t *)chunk_addr(k), HAK_SEGMAP_NONE);
   }
   if (i + n > high) high = i + n;
 }
@@ -349,7 +349,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     dirt[i + k] = 0;
   }
   block_fill(j, new_map, j + n);
-  hak_segmap_set(seg, false);
+  hak_segmap_set(seg, HAK_SEGMAP_NONE);
   hak_stats_mapped(n << HAK_SEG_SHIFT, false);
   header_moved(dst, new_map);
   r = dst;
@@ -385,7 +385,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
 }
 
 static void large_unmap(hak_segment_t *seg) {
-  hak_segmap_set(seg, false);
+  hak_segmap_set(seg, HAK_SEGMAP_NONE);
   hak_os_unmap(seg, seg->map_size);
 }
 
@@ -480,9 +480,9 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
   hak_segment_t *moved = NULL;
   if (hak_segmap_usable(dst)) {
-    hak_segmap_set(seg, false);
+    hak_segmap_set(seg, HAK_SEGMAP_NONE);
     moved = hak_os_remap(seg, old_map, new_map, dst);
-    if (moved == NULL) hak_segmap_set(seg, true);
+    if (moved == NULL) hak_segmap_set(seg, HAK_SEGMAP_SLABS);
   }
   if (moved == NULL) {
     hak_os_unmap(raw, new_map + HAK_SEG_SIZE);

@@ -75,6 +75,7 @@ static bool purge_pass(void) {
   drain();
   bool pending = hak_heaps_purge_due(hak_clock_ms());
   pending |= hak_segment_purge_abandoned(false);
+  pending |= hak_span_purge(false);
   pending |= hak_segment_cache_collect(false);
   pending |= hak_large_cache_collect(false);
   pthread_mutex_unlock(&pass_lock);

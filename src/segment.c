@@ -1,10 +1,11 @@
 /* Segments: 4 MiB aligned regions of 64 units of 64 KiB. A slab is a run
- * of 1, 4, 8 or 16 units, placed where the most units are still committed;
- * a freed slab's units serve slabs of any kind. A segment belongs to one
+ * of 1 or 4 units, placed where the most units are still committed; a
+ * freed slab's units serve slabs of any class. A segment belongs to one
  * heap, is abandoned when its thread exits (and adopted by the next heap
  * that needs a slab), and goes to a small global cache when all its units
- * are free. The global lock guards only the abandoned list and the cache:
- * memory coming from or going back to the OS. */
+ * are free. The span tier takes its segments from the same cache and gives
+ * them back to it. The global lock guards only the abandoned list and the
+ * cache: memory coming from or going back to the OS. */
 #include "internal.h"
 
 _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
@@ -24,9 +25,9 @@ _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_P
                "segment header too big");
 _Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
 
-void hak_segmap_set(hak_segment_t *seg, bool on) {
+void hak_segmap_set(hak_segment_t *seg, uint8_t value) {
   uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], on, memory_order_release);
+  atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], value, memory_order_release);
 }
 
 /* Units first .. first + n - 1 as a mask. */
@@ -102,7 +103,7 @@ static void abandoned_remove(hak_segment_t *seg) {
 /* ---- the cache of free segments ---- */
 
 static void segment_unmap(hak_segment_t *seg) {
-  hak_segmap_set(seg, false);
+  hak_segmap_set(seg, HAK_SEGMAP_NONE);
   HAK_STAT_ADD(committed, units_bytes(seg->purged_units)); /* unmap counts them again */
   HAK_STAT_SUB(segments, 1);
   if (!hak_purge_unmap_later(seg, HAK_SEG_SIZE)) hak_os_unmap(seg, HAK_SEG_SIZE);
@@ -263,7 +264,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   size_t carved_end = (size_t)(hak_slab_start(seg, slab) - (uint8_t *)seg) +
                       (size_t)slab->reserved * slab->block_size;
   unsigned touched = (unsigned)((carved_end + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT) - first;
-  uint64_t span = units_mask(first, n);
+  uint64_t run = units_mask(first, n);
   uint64_t zero = slab->zero && touched < n ? units_mask(first + touched, n - touched) : 0;
   uint64_t now = hak_clock_ms();
   for (unsigned u = first; u < first + n; u++) {
@@ -280,8 +281,8 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     c->free_since_ms = now;
     seg->unit_slab[u] = c;
   }
-  seg->zero_units = (seg->zero_units & ~span) | zero;
-  seg->free_units |= span;
+  seg->zero_units = (seg->zero_units & ~run) | zero;
+  seg->free_units |= run;
   if (hak_opt.purge_delay_ms == 0) {
     purge_units(seg, first, n);
   } else {
@@ -336,8 +337,43 @@ static hak_segment_t *segment_new(void) {
   HAK_STAT_ADD(segments, 1);
   if (HAK_GUARD_PAGES)
     hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
-  hak_segmap_set(seg, true);
+  hak_segmap_set(seg, HAK_SEGMAP_SLABS);
   return seg;
+}
+
+/* A segment with nothing in it, from the cache or new, for the span tier;
+ * NULL when out of memory. *zero: its memory past the header is zero;
+ * *purged: and none of it counts as committed (all of it was purged).
+ * Units purged in part of it count as committed again from here on. */
+hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged) {
+  pthread_mutex_lock(&hak_segment_lock);
+  hak_segment_t *seg = cache;
+  if (seg) {
+    cache = seg->next;
+    cache_count--;
+  }
+  pthread_mutex_unlock(&hak_segment_lock);
+  if (seg == NULL) {
+    seg = segment_new();
+    *zero = true;
+    *purged = false;
+    return seg;
+  }
+  *zero = seg->zero_units == ALL_UNITS;
+  *purged = seg->purged_units == ALL_UNITS;
+  if (!*purged) HAK_STAT_ADD(committed, units_bytes(seg->purged_units));
+  return seg;
+}
+
+/* The span tier is done with seg, all of it free: it becomes a slab
+ * segment with every unit free and goes to the cache. */
+void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged) {
+  seg->kind = HAK_KIND_SLABS;
+  hak_segmap_set(seg, HAK_SEGMAP_SLABS);
+  seg->zero_units = zero ? ALL_UNITS : 0;
+  seg->purged_units = purged ? ALL_UNITS : 0;
+  segment_init(seg, false);
+  cache_put(seg);
 }
 
 /* Bit f set where units f .. f + n - 1 all have their bit set in units. */
@@ -353,9 +389,9 @@ static uint64_t run_starts(uint64_t units, unsigned n) {
 /* Where n units would go in seg: free ones, as many of them committed as
  * can be (reusing them costs no page faults and no new RSS), then in the
  * shortest run of free units that fits, at one end of it, so that long
- * runs stay whole for big slabs (best fit). Returns whether any fits, its
+ * runs stay whole for longer slabs (best fit). Returns whether any fits, its
  * first unit in *at and its score in *score (higher is better). */
-static bool span_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *score) {
+static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *score) {
   uint64_t fr = seg->free_units, used = ~fr, dirty = fr & ~seg->zero_units;
   uint64_t starts = run_starts(dirty, n);
   bool all_dirty = starts != 0;
@@ -378,14 +414,14 @@ static bool span_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *s
 }
 
 /* Units first .. first + n - 1 of seg become a FREE slab. */
-static hak_slab_t *span_take(hak_heap_t *heap, hak_segment_t *seg, unsigned first, unsigned n) {
-  uint64_t span = units_mask(first, n);
+static hak_slab_t *units_take(hak_heap_t *heap, hak_segment_t *seg, unsigned first, unsigned n) {
+  uint64_t run = units_mask(first, n);
   hak_slab_t *s = &seg->slabs[first];
-  HAK_STAT_ADD(committed, units_bytes(seg->purged_units & span));
-  s->zero = (seg->zero_units & span) == span;
-  seg->free_units &= ~span;
-  seg->zero_units &= ~span;
-  seg->purged_units &= ~span;
+  HAK_STAT_ADD(committed, units_bytes(seg->purged_units & run));
+  s->zero = (seg->zero_units & run) == run;
+  seg->free_units &= ~run;
+  seg->zero_units &= ~run;
+  seg->purged_units &= ~run;
   for (unsigned u = first; u < first + n; u++) seg->unit_slab[u] = s;
   s->units = (uint8_t)n;
   if (!s->zero && hak_opt.purge_delay_ms != 0) {
@@ -415,13 +451,13 @@ static hak_segment_t *pop_abandoned(void) {
 }
 
 /* The best place for n units among heap's segments: false if none fits. */
-static bool heap_find_span(hak_heap_t *heap, unsigned n, hak_segment_t **where, unsigned *at,
+static bool heap_find_units(hak_heap_t *heap, unsigned n, hak_segment_t **where, unsigned *at,
                            int *best) {
   *where = NULL;
   for (hak_segment_t *seg = heap->segments; seg; seg = seg->next) {
     unsigned f;
     int score;
-    if (seg->free_units == 0 || !span_find(seg, n, &f, &score)) continue;
+    if (seg->free_units == 0 || !units_find(seg, n, &f, &score)) continue;
     if (*where == NULL || score > *best) {
       *best = score;
       *where = seg;
@@ -432,7 +468,7 @@ static bool heap_find_span(hak_heap_t *heap, unsigned n, hak_segment_t **where, 
   return *where != NULL;
 }
 
-/* Whether a span_find score is that of units all committed. */
+/* Whether a units_find score is that of units all committed. */
 static bool all_committed(int score, unsigned n) { return score > (int)(n - 1) * 256; }
 
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
@@ -441,7 +477,7 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
   int score = 0;
   hak_segment_t *where;
   *adopted = false;
-  bool found = heap_find_span(heap, n, &where, &at, &score);
+  bool found = heap_find_units(heap, n, &where, &at, &score);
   /* A slab that would need memory not committed yet is shortened, down to
    * 4 blocks, to a run of units all committed: free units scattered
    * between other slabs serve it, and the peak does not grow. */
@@ -452,7 +488,7 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
     hak_segment_t *w;
     unsigned a;
     int sc;
-    if (heap_find_span(heap, m, &w, &a, &sc) && all_committed(sc, m)) {
+    if (heap_find_units(heap, m, &w, &a, &sc) && all_committed(sc, m)) {
       n = m;
       where = w;
       at = a;
@@ -460,12 +496,12 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
       found = true;
     }
   }
-  if (found) return span_take(heap, where, at, n);
+  if (found) return units_take(heap, where, at, n);
   hak_segment_t *seg = pop_abandoned();
   if (seg) {
     *adopted = true;
     bool ours = segment_adopt(heap, seg);
-    return ours && span_find(seg, n, &at, &score) ? span_take(heap, seg, at, n) : NULL;
+    return ours && units_find(seg, n, &at, &score) ? units_take(heap, seg, at, n) : NULL;
   }
   pthread_mutex_lock(&hak_segment_lock);
   seg = cache;
@@ -479,8 +515,8 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
   if (seg == NULL) return NULL;
   segment_init(seg, fresh);
   heap_link(heap, seg);
-  span_find(seg, n, &at, &score);
-  return span_take(heap, seg, at, n);
+  units_find(seg, n, &at, &score);
+  return units_take(heap, seg, at, n);
 }
 
 void hak_segment_purge(hak_heap_t *heap, bool force) {

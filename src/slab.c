@@ -231,7 +231,7 @@ bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
 static void heap_revive_full(hak_heap_t *heap) {
   if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return;
   atomic_store(&heap->full_remote, 0);
-  for (size_t c = 0; c < HAK_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     hak_slab_t *s = heap->full[c].first;
     while (s) {
       hak_slab_t *next = s->next;
@@ -271,21 +271,6 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
   }
 }
 
-/* Before a slab is taken: a class of 8- or 16-unit slabs whose list has
- * not moved since the last slab was taken is idle, and retires its current
- * slab, so that the new slab can reuse its memory: a program whose sizes
- * drift (strings and arrays that grow) would otherwise keep the peak of
- * every class it went through. (A slab of blocks up to 8 KiB holds little,
- * and those classes idle between bursts: retiring them costs more than it
- * saves.) */
-static void heap_retire_idle(hak_heap_t *heap) {
-  for (size_t c = HAK_FIRST_MID_CLASS; c < HAK_CLASSES; c++) {
-    if (heap->queue[c].first == NULL) continue;
-    if (heap->free[c] == heap->seen[c]) class_retire(heap, c);
-    heap->seen[c] = heap->free[c];
-  }
-}
-
 /* Units of a new slab of cls. A small class that has filled a slab of the
  * heap is busy (random_mixed ws=8192 keeps ~300 blocks of each of its
  * classes live, on 3 to 5 slabs of one unit): its next slabs are four units
@@ -293,23 +278,19 @@ static void heap_retire_idle(hak_heap_t *heap) {
  * malloc takes next while they are in cache, and fewer refills take blocks
  * freed long ago to other slabs. A class with few blocks keeps one unit. */
 static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
-  if (cls < HAK_SMALL_CLASSES && heap->full[cls].first != NULL) return HAK_BUSY_SMALL_UNITS;
-  return hak_kind_units(hak_class_kind(cls));
+  return cls < HAK_SMALL_CLASSES && heap->full[cls].first != NULL ? HAK_BUSY_SMALL_UNITS : 1;
 }
 
 /* Slabs of a class a refill looks at for freed blocks before carving. */
 #define HAK_REFILL_SCAN 4
 
-/* In a class up to 8 KiB (slabs of one unit, or four for a busy small class)
- * whose current slab has no freed block, one of the next few slabs with at
- * least a carve's worth, whose blocks come before carving; else NULL.
- * Carving touches memory, and a thread that took over an exited one's slabs
- * would otherwise keep both sets (larson). The slabs of bigger classes hold
- * few blocks each, and switching between them kept all of them partly used
- * (mid_large_mt 2t: 40 times the slabs taken, 13% slower): they carve first. */
+/* When the class's current slab has no freed block, one of the next few
+ * slabs with at least a carve's worth, whose blocks come before carving;
+ * else NULL. Carving touches memory, and a thread that took over an exited
+ * one's slabs would otherwise keep both sets (larson). */
 static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   hak_slab_t *cur = q->first;
-  if (cls >= HAK_FIRST_MID_CLASS || cur == NULL || slab_has_freed(cur)) return NULL;
+  if (cur == NULL || slab_has_freed(cur)) return NULL;
   size_t batch = carve_batch(hak_class_size[cls]);
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++)
@@ -337,7 +318,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     hak_heap_return_list(heap, cls); /* detaches the current slab */
     queue_move_front(q, freed);
   }
-  bool released = false, idle_seen = false;
+  bool released = false;
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
     /* A slab with nothing to give goes FULL, off the queue, where a free
@@ -371,9 +352,6 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     }
     bool adopted;
     pthread_mutex_lock(&heap->lock);
-    /* once: a second look moments later would find every class idle */
-    if (!idle_seen) heap_retire_idle(heap);
-    idle_seen = true;
     slab = hak_segment_alloc_slab(heap, slab_units(heap, cls), hak_class_size[cls], &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
@@ -402,13 +380,7 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
   /* The block is taken before the purger starts: creating its thread
    * allocates, and that could take the class's new list or retire it. */
   void *b = ok ? hak_heap_pop(heap, cls) : NULL;
-  hak_purge_start();
-  if (HAK_UNLIKELY(b == NULL)) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  HAK_CSTAT_ALLOC(cls, size);
-  return b;
+  return hak_refill_done(b, cls, size);
 }
 
 /* Most refills find blocks the owner freed to the class's current slab:
@@ -416,6 +388,7 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
  * purger thread, a new thread's sentinel heap (its queues are empty) and
  * everything else go the long way. */
 void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
+  if (hak_class_is_span(cls)) return hak_span_refill(size, heap, cls);
   hak_slab_t *slab = heap->queue[cls].first;
   hak_block_t *list;
   if (HAK_UNLIKELY(slab == NULL || (list = slab->local_free) == NULL ||
@@ -459,7 +432,7 @@ void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
       class_retire(heap, cls);
     } else {
       heap->releases_in_row = 0;
-      for (size_t c = 0; c < HAK_CLASSES; c++) class_retire(heap, c);
+      for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) class_retire(heap, c);
     }
   }
   pthread_mutex_unlock(&heap->lock);

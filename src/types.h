@@ -1,18 +1,19 @@
 /* hakmem types and layout constants.
  *
  * Layers, each using only the ones below it:
- *   override  -> alloc/free (API) -> heap -> slab -> segment/large -> os
+ *   override  -> alloc/free (API) -> heap -> slab, span -> segment/large -> os
  *   options, stats and init are used by every layer and use only os.
  *
- * Memory is taken from the OS in 4 MiB aligned *segments* of 64 KiB *units*.
- * A slab is a run of 1, 8 or 16 units (its kind, set by its size class; 4
- * for a small class that filled a slab; shorter when only that many
- * committed units are free) and holds blocks of one size class; a segment
- * holds slabs of every kind, so the memory one class gave back serves any
- * other. Large blocks get a segment-aligned mapping of their own with the
- * same header, so for every pointer p handed out, (p - 1) rounded down to
- * 4 MiB is its segment header. Minus one because a block aligned to >= 4 MiB
- * sits exactly at the end of its header's chunk. */
+ * Memory is taken from the OS in 4 MiB aligned *segments*. A slab segment
+ * is 64 *units* of 64 KiB; a slab is a run of 1 unit (4 for a small class
+ * that filled a slab; shorter when only that many committed units are
+ * free) and holds blocks of one size class up to 7 KiB. A span segment is
+ * 1024 pages of 4 KiB; a block of 8 KiB to 256 KiB is a run of whole pages
+ * of its own (a span), so the pages a freed block gives back serve a block
+ * of any size. Large blocks get a segment-aligned mapping of their own with
+ * the same header, so for every pointer p handed out, (p - 1) rounded down
+ * to 4 MiB is its segment header. Minus one because a block aligned to
+ * >= 4 MiB sits exactly at the end of its header's chunk. */
 #ifndef HAK_TYPES_H
 #define HAK_TYPES_H
 
@@ -46,31 +47,34 @@
 #define HAK_CANARY ((size_t)0)
 #endif
 
-/* Slab kinds, i.e. slab lengths: at least 6 blocks per slab up to 64 KiB,
- * and no longer, so that a class holds little memory it does not use. */
+/* What a segment holds (seg->kind). */
 enum {
-  HAK_KIND_SMALL = 0, /* 64 KiB slabs (1 unit), classes <= 8 KiB */
-  HAK_KIND_MID = 1,   /* 512 KiB slabs (8 units), classes <= 32 KiB */
-  HAK_KIND_BIG = 2,   /* 1 MiB slabs (16 units), classes <= 256 KiB */
-  HAK_KIND_LARGE = 3, /* seg->kind of a single large block (else 0) */
+  HAK_KIND_SLABS = 0, /* slabs of blocks up to HAK_SLAB_MAX */
+  HAK_KIND_SPANS = 1, /* one block per run of pages, HAK_SLAB_MAX < size <= HAK_BIG_MAX */
+  HAK_KIND_LARGE = 2, /* a single large block */
 };
-#define HAK_KIND_SMALL_MAX ((size_t)8192)
-#define HAK_KIND_MID_MAX ((size_t)32768)
-#define HAK_FIRST_MID_CLASS 44 /* the first class above HAK_KIND_SMALL_MAX */
 #define HAK_BUSY_SMALL_UNITS 4 /* a small class's slabs once it filled one (slab.c) */
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */
+#define HAK_PAGE_SHIFT 12
+#define HAK_SPAN_PAGES (HAK_SEG_SIZE >> HAK_PAGE_SHIFT) /* 1024 pages */
+#define HAK_SPAN_FIRST_PAGE (HAK_SEG_HEADER >> HAK_PAGE_SHIFT) /* after the header */
 
 /* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
- * steps per doubling, <= 12.5% waste) and 32 mid classes (4 per doubling up
- * to 256 KiB). */
+ * steps per doubling, <= 12.5% waste), 11 more slab classes to 7 KiB (4 per
+ * doubling), and 19 span classes of whole pages (8 and 12 KiB, then 4 per
+ * doubling from 16 KiB to 256 KiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
+#define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
 #define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
 #define HAK_BIG_MAX ((size_t)262144)
 #define HAK_SMALL_CLASSES 32
-#define HAK_CLASSES 64
-/* Alignments up to this are served from slabs; larger ones by large blocks. */
+#define HAK_SLAB_CLASSES 43 /* classes below live in slabs, the others in spans */
+#define HAK_CLASSES 62
+#define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
+/* Alignments up to this are served from slabs and spans; larger ones by
+ * large blocks. */
 #define HAK_SLAB_ALIGN_MAX ((size_t)4096)
 
 typedef struct hak_block_s {
@@ -144,23 +148,35 @@ struct __attribute__((aligned(64))) hak_slab_s {
 };
 
 struct hak_segment_s {
-  uint8_t kind;         /* HAK_KIND_LARGE, or 0 for slabs */
+  uint8_t kind;         /* HAK_KIND_* */
   uint8_t fresh;        /* large: never handed out before (memory is zero) */
   uint8_t abandoned;    /* on the abandoned list (guarded by the segment lock) */
-  /* One bit per unit: FREE units; of those, the ones whose memory is zero
-   * (never used, or purged), and the ones purged (returned to the OS). A
-   * FREE unit's descriptor is slabs[unit], in state HAK_SLAB_FREE. */
+  /* Slab segments, one bit per unit: FREE units; of those, the ones whose
+   * memory is zero (never used, or purged), and the ones purged (returned
+   * to the OS). A FREE unit's descriptor is slabs[unit], in state
+   * HAK_SLAB_FREE. A segment in the cache keeps the last two. */
   uint64_t free_units, zero_units, purged_units;
-  _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned or cached */
+  _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned, cached or of spans */
   hak_segment_t *next, *prev; /* heap's segment list, or a global list */
   size_t map_size;    /* bytes mapped from the segment start */
   size_t large_size;  /* large: usable bytes */
   size_t large_offset;/* large: block offset from the segment start */
   uint64_t cached_since_ms;
   /* The slab of each unit: free finds a slab with a constant shift and
-   * one load. A slab's descriptor is slabs[its first unit]. */
+   * one load. A slab's descriptor is slabs[its first unit]. In a span or
+   * large segment every unit maps to a descriptor whose owner is 0, so
+   * that free's fast path hands their blocks to the generic path. */
   hak_slab_t *unit_slab[HAK_MAX_SLABS];
-  hak_slab_t slabs[HAK_MAX_SLABS];
+  union {
+    hak_slab_t slabs[HAK_MAX_SLABS]; /* slab segments; a large header uses slabs[0] */
+    struct {
+      hak_slab_t none; /* what every unit maps to: owner 0, state FREE */
+      /* One word per page (span.c): the first page of a block holds its
+       * class and length, its last page a tail mark, the first and last
+       * pages of a free run the run; every other page 0. */
+      uint64_t page[HAK_SPAN_PAGES];
+    } span;
+  };
 };
 
 typedef struct {
@@ -175,15 +191,26 @@ typedef struct {
 } hak_outbox_t;
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
- * free[c] holds blocks of the first slab of queue[c] only. */
+ * free[c] of a slab class holds blocks of the first slab of queue[c] only;
+ * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
-  hak_slab_queue_t queue[HAK_CLASSES]; /* ACTIVE slabs; first = current */
-  hak_slab_queue_t full[HAK_CLASSES];  /* FULL slabs */
-  /* free[c] when the last slab was taken (heap_retire_idle) */
-  hak_block_t *seen[HAK_CLASSES];
-  /* free[c] is a run of never-used blocks of zero memory: calloc need not
-   * clear them (only the link word was written). */
+  hak_slab_queue_t queue[HAK_SLAB_CLASSES]; /* ACTIVE slabs; first = current */
+  hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
+  /* Span classes (span.c): how many more blocks free[c] may take, and
+   * how many it may hold; free[c] at the last idle check; the bytes by
+   * which the bounds have grown in all; which caches overflowed since they
+   * last ran dry. */
+  uint16_t span_room[HAK_SPAN_CLASSES];
+  uint16_t span_max[HAK_SPAN_CLASSES];
+  hak_block_t *seen[HAK_SPAN_CLASSES];
+  size_t span_grown;
+  uint64_t span_overflowed;
+  size_t span_given_in_row; /* by overflows, with no span refill between */
+  uint8_t span_draining;    /* see DRAIN_BYTES (span.c) */
+  /* free[c] of a slab class is a run of never-used blocks of zero memory:
+   * calloc need not clear them (only their link words were written); of a
+   * span class, the blocks its last refill took were. */
   uint8_t clean[HAK_CLASSES];
   hak_segment_t *segments; /* owned */
   /* Set by another thread that freed into one of our FULL slabs: the next
@@ -192,6 +219,7 @@ struct hak_heap_s {
   uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
   hak_outbox_t outbox[HAK_SMALL_CLASSES]; /* see free_remote_batched */
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
+  uint32_t span_refills;    /* refills of span classes, for the idle check */
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. */

@@ -199,17 +199,39 @@ static void do_free_in_segment_header(int fd) {
 TEST(free_into_a_segment_header_aborts) { expect_abort(do_free_in_segment_header, INVALID); }
 
 /* A block-aligned pointer to a block its slab has not carved yet: slabs
- * carve blocks 4 at a time (at least), and a 1 MiB slab holds 9 blocks of
- * 112 KiB, p one of the first 4 (no other test uses the class, so the
+ * carve a page of blocks at a time, at least 4, and a 64 KiB slab holds 21
+ * blocks of 3 KiB, p the first (no other test uses the class, so the
  * child's slab is a new one). */
 static void do_free_not_handed_out(int fd) {
-  char *p = malloc(100000);
+  char *p = malloc(3000);
   REQUIRE(p);
-  size_t bs = (malloc_usable_size(p) + 4095) & ~(size_t)4095; /* its class: 112 KiB */
+  size_t bs = malloc_usable_size(p); /* its class: 3 KiB */
   announce(fd, p + 5 * bs);
   free(p + 5 * bs);
 }
 TEST(free_of_a_block_not_handed_out_yet_aborts) { expect_abort(do_free_not_handed_out, INVALID); }
+
+/* Blocks of 8 KiB to 256 KiB are runs of whole pages (spans): a pointer
+ * into a span's second page, and the first page after the last span
+ * handed out (never used: no block freed there before). */
+static void do_free_span_interior(int fd) {
+  char *p = malloc(100000);
+  REQUIRE(p);
+  announce(fd, p + 4096);
+  free(p + 4096);
+}
+TEST(free_of_a_page_inside_a_span_aborts) { expect_abort(do_free_span_interior, INVALID); }
+
+static void do_free_past_spans(int fd) {
+  char *p = malloc(200000);
+  REQUIRE(p);
+  size_t n = malloc_usable_size(p); /* 224 KiB, whole pages */
+  announce(fd, p + n);
+  free(p + n);
+}
+TEST(free_of_a_page_never_handed_out_in_a_span_segment_aborts) {
+  expect_abort(do_free_past_spans, INVALID);
+}
 
 static void do_realloc_stack(int fd) {
   char local[64];
@@ -233,16 +255,35 @@ static void double_free(int fd, size_t size) {
   free(p);
   free(p);
 }
-/* A block of the second unit of a slab released since: 16 KiB blocks, 4
- * to a unit, in slabs of 8 units; the first slab is released once all 100
- * blocks are freed, the class's current slab being another. */
+/* A block of the second unit of a slab released since: 704-byte blocks
+ * fill a first slab of one unit (at most 93), after which the class takes
+ * slabs of 4 units (372 blocks); the second slab is released once all its
+ * blocks are freed, the class's current slab being a third. */
 static void do_double_free_released(int fd) {
-  enum { N = 100 };
+  enum { N = 600 };
+  static uintptr_t ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = (uintptr_t)malloc(700)) != 0);
+  uintptr_t second = ps[150]; /* past the first slab */
+  for (int i = 0; i < N; i++) free((void *)ps[i]);
+  for (int i = 151; i < N; i++) {
+    if (ps[i] - second >= UNIT_SIZE && ps[i] - second < 2 * UNIT_SIZE) {
+      announce(fd, (void *)ps[i]);
+      free((void *)ps[i]);
+      return;
+    }
+  }
+  fprintf(stderr, "no block one unit after another found\n");
+  exit(1);
+}
+/* A span given back to the page heap: 40 KiB blocks, of which a thread's
+ * cache holds one at first; the others go back as they are freed. */
+static void do_double_free_span(int fd) {
+  enum { N = 50 };
   char *ps[N];
-  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(16000)) != NULL);
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(40000)) != NULL);
   for (int i = 0; i < N; i++) free(ps[i]);
-  announce(fd, ps[5]);
-  free(ps[5]);
+  announce(fd, ps[25]);
+  free(ps[25]);
 }
 static void do_double_free_small(int fd) { double_free(fd, 32); }
 static void do_double_free_medium(int fd) { double_free(fd, 16384); }
@@ -252,6 +293,9 @@ TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DO
 TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
 TEST(double_free_in_a_released_slabs_second_unit_aborts) {
   expect_abort(do_double_free_released, DOUBLE);
+}
+TEST(double_free_of_a_span_given_back_to_the_page_heap_aborts) {
+  expect_abort(do_double_free_span, DOUBLE);
 }
 
 /* The harness itself must see a clean run: sanity of expect_abort. */

@@ -6,6 +6,7 @@
 #include "blocks.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <sys/mman.h>
@@ -40,19 +41,23 @@ TEST(small_class_waste_at_most_12_5_percent) {
   }
 }
 
-TEST(class_kinds_follow_size) {
-  CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX)) == HAK_KIND_SMALL);
-  CHECK(hak_class_size[HAK_FIRST_MID_CLASS - 1] == HAK_KIND_SMALL_MAX);
-  CHECK(hak_class_kind(hak_size_class(HAK_KIND_SMALL_MAX + 1)) == HAK_KIND_MID);
-  CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX)) == HAK_KIND_MID);
-  CHECK(hak_class_kind(hak_size_class(HAK_KIND_MID_MAX + 1)) == HAK_KIND_BIG);
-  CHECK(hak_class_kind(hak_size_class(HAK_BIG_MAX)) == HAK_KIND_BIG);
+/* Slab classes end at HAK_SLAB_MAX; every span class is whole pages. */
+TEST(span_classes_follow_the_slab_classes_in_whole_pages) {
+  CHECK(hak_class_size[HAK_SLAB_CLASSES - 1] == HAK_SLAB_MAX);
+  CHECK(!hak_class_is_span(hak_size_class(HAK_SLAB_MAX)));
+  CHECK(hak_class_is_span(hak_size_class(HAK_SLAB_MAX + 1)));
+  CHECK(hak_class_is_span(hak_size_class(HAK_BIG_MAX)));
+  for (size_t c = HAK_SLAB_CLASSES; c < HAK_CLASSES; c++) {
+    CHECK_MSG(hak_class_size[c] % HAK_PAGE_SIZE == 0, "class %zu: %u B", c, hak_class_size[c]);
+    if (c > HAK_SLAB_CLASSES + 1) /* <= 25% waste from 16 KiB on */
+      CHECK(hak_class_size[c] - hak_class_size[c - 1] <= hak_class_size[c] / 4);
+  }
 }
 
 /* ---- address arithmetic ---- */
 
 TEST(segment_of_finds_header_by_mask) {
-  size_t sizes[] = {1, 16, 100, 1000, 1024, 1025, 5000, 32768, 40000, 262144};
+  size_t sizes[] = {1, 16, 100, 1000, 1024, 1025, 5000, HAK_SLAB_MAX};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     uint8_t *p = malloc(sizes[i]);
     REQUIRE(p != NULL);
@@ -60,9 +65,9 @@ TEST(segment_of_finds_header_by_mask) {
     REQUIRE(seg != NULL);
     CHECK(((uintptr_t)seg & HAK_SEG_MASK) == 0);
     CHECK(p > (uint8_t *)seg && p < (uint8_t *)seg + HAK_SEG_SIZE);
-    CHECK(seg->kind != HAK_KIND_LARGE);
+    CHECK(seg->kind == HAK_KIND_SLABS);
     hak_slab_t *slab = hak_slab_of(seg, p);
-    CHECK(slab->units == hak_kind_units(hak_class_kind(hak_size_class(sizes[i]))));
+    CHECK(slab->units == 1);
     CHECK(slab->block_size == hak_class_size[hak_size_class(sizes[i])]);
     uint8_t *start = hak_slab_start(seg, slab);
     CHECK(p >= start && p + slab->block_size <= start + hak_slab_bytes(slab));
@@ -82,14 +87,12 @@ TEST(block_test_accepts_exactly_the_carved_block_starts) {
   REQUIRE(map != MAP_FAILED);
   hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)map + HAK_SEG_MASK) & ~HAK_SEG_MASK);
   size_t wrong = 0;
-  for (size_t cls = 0; cls < HAK_CLASSES; cls++) {
-    unsigned kind_units = hak_kind_units(hak_class_kind(cls));
-    unsigned placements[][2] = {{0, kind_units}, {8, kind_units}, {20, 4}, {0, 4}};
+  for (size_t cls = 0; cls < HAK_SLAB_CLASSES; cls++) {
+    unsigned placements[][2] = {{0, 1}, {8, 1}, {20, 4}, {0, 4}};
     for (size_t i = 0; i < sizeof placements / sizeof placements[0]; i++) {
       hak_slab_t *slab = &seg->slabs[placements[i][0]];
       slab->index = (uint8_t)placements[i][0];
       slab->units = (uint8_t)placements[i][1];
-      if (hak_slab_bytes(slab) < hak_class_size[cls]) continue; /* a 4-unit slab of a big class */
       hak_slab_init(slab, cls);
       size_t start = slab->start_off, bs = slab->block_size, cap = slab->capacity;
       CHECK(cap == hak_slab_bytes(slab) / bs);
@@ -546,24 +549,25 @@ TEST(empty_slabs_are_released) {
   CHECK(hak_tls_heap->free[hak_size_class(1024)] == NULL);
 }
 
-/* ---- units: slab memory shared by every kind ---- */
+/* ---- units: slab memory shared by every class ---- */
 
-/* Fills a first 16 KiB slab (8 units), starts a second, frees the first's
- * blocks: it is not current, so its units go back to the segment, their
- * memory still committed. */
-static hak_slab_t *release_mid_slab(void) {
-  enum { N = 40 }; /* 31 or 32 blocks per slab */
+/* A first slab of 1000-byte blocks, FULL, whose blocks are all freed while
+ * the class allocates from a second one: it goes back to its segment, its
+ * unit still committed (nothing else is: hak_release_all first). */
+static hak_slab_t *release_full_slab(void) {
+  enum { N = 80 }; /* 64 blocks per unit, 52 in unit 0 */
   char *ps[N];
   start_purger(); /* before: starting it allocates */
-  hak_release_all(); /* no committed free unit left: slabs get their full length */
+  hak_release_all();
   for (int i = 0; i < N; i++) {
-    ps[i] = malloc(16000);
-    memset(ps[i], 3, 16000);
+    ps[i] = malloc(1000);
+    memset(ps[i], 3, 1000);
   }
   hak_slab_t *first = slab_of_ptr(ps[0]);
-  REQUIRE(first->units == 8 && first->state == HAK_SLAB_FULL);
+  REQUIRE(first->units == 1 && first->state == HAK_SLAB_FULL);
   for (int i = 0; i < N; i++)
     if (slab_of_ptr(ps[i]) == first) free(ps[i]);
+  REQUIRE(first->state == HAK_SLAB_FREE);
   return first;
 }
 
@@ -572,15 +576,13 @@ static uint64_t committed_free_units(const hak_segment_t *seg) {
   return seg->free_units & ~seg->zero_units;
 }
 
-TEST(freed_mid_slab_units_serve_a_small_slab) {
+TEST(freed_slab_units_serve_another_class) {
   hak_opt.purge_delay_ms = 100000;
-  hak_slab_t *first = release_mid_slab();
+  hak_slab_t *first = release_full_slab();
   hak_segment_t *seg = hak_segment_of_slab(first);
-  unsigned unit = first->index;
-  REQUIRE(first->state == HAK_SLAB_FREE);
   uint64_t committed = committed_free_units(seg);
-  REQUIRE(committed >> unit & 1);
-  void *q = malloc(3000); /* a class with no slab yet: 64 KiB slabs */
+  REQUIRE(committed >> first->index & 1);
+  void *q = malloc(3000); /* a class with no slab yet */
   hak_slab_t *s = slab_of_ptr(q);
   CHECK(s->units == 1);
   CHECK(hak_segment_of_slab(s) == seg);
@@ -588,20 +590,20 @@ TEST(freed_mid_slab_units_serve_a_small_slab) {
   free(q);
 }
 
-TEST(big_slab_shortens_to_committed_units) {
+/* A 4-unit slab (a busy class's) with one committed free unit and fresh
+ * ones: it takes the committed unit, shortened to it, rather than touch
+ * new memory. */
+TEST(slab_shortens_to_committed_units) {
   hak_opt.purge_delay_ms = 100000;
-  hak_slab_t *first = release_mid_slab();
-  hak_segment_t *seg = hak_segment_of_slab(first);
-  uint64_t committed = committed_free_units(seg);
-  REQUIRE(first->state == HAK_SLAB_FREE);
-  /* a 64 KiB class takes 16 units; only 8 committed ones are free */
-  void *q = malloc(60000);
-  hak_slab_t *s = slab_of_ptr(q);
-  CHECK(s->units == 8);
-  CHECK(s->capacity >= 7);
-  uint64_t span = (s->units >= 64 ? UINT64_MAX : (UINT64_C(1) << s->units) - 1) << s->index;
-  CHECK(hak_segment_of_slab(s) == seg && (committed & span) == span);
-  free(q);
+  hak_slab_t *first = release_full_slab();
+  hak_heap_t *heap = hak_tls_heap;
+  bool adopted;
+  pthread_mutex_lock(&heap->lock);
+  hak_slab_t *s = hak_segment_alloc_slab(heap, HAK_BUSY_SMALL_UNITS, 960, &adopted);
+  pthread_mutex_unlock(&heap->lock);
+  REQUIRE(s != NULL);
+  CHECK(s == first);
+  CHECK(s->units == 1);
 }
 
 /* A small class that filled a slab is busy: its next slab is four units
@@ -621,23 +623,265 @@ TEST(small_class_that_filled_a_slab_takes_four_units) {
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
-TEST(idle_class_retires_its_slab_when_another_is_taken) {
-  hak_opt.purge_delay_ms = 100000;
-  start_purger(); /* before: starting it allocates */
-  hak_release_all(); /* slabs get their full length */
-  void *ps[3];
-  for (int i = 0; i < 3; i++) ps[i] = malloc(40000);
-  hak_slab_t *idle = slab_of_ptr(ps[0]);
-  size_t cls = idle->cls;
-  for (int i = 0; i < 3; i++) free(ps[i]);
-  REQUIRE(idle->state == HAK_SLAB_ACTIVE); /* current: it stays when it empties */
-  /* two slabs taken: the first sees the class, the second finds it idle,
-   * and takes its units, still committed */
-  void *a = malloc(20000), *b = malloc(100000);
-  CHECK(hak_tls_heap->queue[cls].first != idle);
-  CHECK(slab_of_ptr(b) == idle && idle->cls == hak_size_class(100000));
+/* ---- spans ---- */
+
+static uint64_t page_word(const void *p) {
+  return hak_segment_of(p)->span.page[hak_span_page_index(p)];
+}
+
+/* Blocks of the span classes: page-aligned, their class and length in
+ * their first page's word. */
+TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
+  size_t sizes[] = {HAK_SLAB_MAX + 1, 8192, 8193, 20000, 40000, 100000, HAK_BIG_MAX};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    uint8_t *p = malloc(sizes[i]);
+    REQUIRE(p != NULL);
+    hak_segment_t *seg = hak_segment_of(p);
+    REQUIRE(seg != NULL);
+    CHECK(seg->kind == HAK_KIND_SPANS);
+    CHECK(((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0);
+    CHECK(hak_span_page_index(p) >= HAK_SPAN_FIRST_PAGE);
+    size_t cls = hak_size_class(sizes[i]);
+    uint64_t w = page_word(p);
+    CHECK(hak_span_word_is_block(w, p));
+    CHECK(hak_span_word_class(w) == cls);
+    CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
+    CHECK(malloc_usable_size(p) == hak_class_size[cls]);
+    CHECK(hak_slab_of(seg, p)->owner == 0); /* free's slab test fails: the span path */
+    memset(p, 1, sizes[i]);
+    free(p);
+  }
+}
+
+/* The heap's cache of a class holds the blocks freed to it, counted by
+ * the room it has left. */
+static size_t cache_len(size_t cls) { return list_len(hak_tls_heap->free[cls]); }
+static unsigned cache_counted(size_t cls) {
+  size_t c = cls - HAK_SLAB_CLASSES;
+  return (unsigned)(hak_tls_heap->span_max[c] - hak_tls_heap->span_room[c]);
+}
+
+TEST(span_frees_go_to_the_cache_of_the_freeing_thread) {
+  size_t cls = hak_size_class(40000);
+  void *a = malloc(40000);
+  REQUIRE(a != NULL);
+  size_t before = cache_len(cls);
   free(a);
+  CHECK(hak_tls_heap->free[cls] == a);
+  CHECK(cache_len(cls) == before + 1);
+  CHECK(cache_counted(cls) == cache_len(cls));
+  CHECK(malloc(40000) == a); /* the block freed last comes back first */
+  free(a);
+}
+
+/* Past its bound, a cache gives the batch freed last back to the page
+ * heap: the blocks' pages are a free run again. */
+TEST(full_span_cache_gives_a_batch_back) {
+  enum { N = 64 };
+  size_t cls = hak_size_class(40000), c = cls - HAK_SLAB_CLASSES;
+  void *ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(40000)) != NULL);
+  hak_heap_t *heap = hak_tls_heap;
+  unsigned max = heap->span_max[c];
+  REQUIRE(max < N);
+  for (int i = 0; i < N; i++) {
+    free(ps[i]);
+    CHECK(cache_counted(cls) <= max);
+  }
+  CHECK(cache_counted(cls) == cache_len(cls));
+  size_t given_back = 0;
+  for (int i = 0; i < N; i++)
+    given_back += (page_word(ps[i]) & HAK_PAGE_TAG) != HAK_PAGE_USED;
+  CHECK_MSG(given_back == N - cache_len(cls), "%zu of %d blocks given back, %zu cached",
+            given_back, N, cache_len(cls));
+}
+
+/* A cache that overflowed and then ran dry may hold a batch more. */
+TEST(span_cache_grows_when_it_overflowed_and_ran_dry) {
+  enum { N = 64 };
+  size_t cls = hak_size_class(40000), c = cls - HAK_SLAB_CLASSES;
+  void *ps[N];
+  free(malloc(40000)); /* the heap exists */
+  hak_heap_t *heap = hak_tls_heap;
+  unsigned max = heap->span_max[c];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(40000)) != NULL);
+  CHECK(heap->span_max[c] == max); /* running dry alone does not grow it */
+  for (int i = 0; i < N; i++) free(ps[i]); /* overflows */
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(40000)) != NULL); /* runs dry */
+  CHECK_MSG(heap->span_max[c] > max, "bound %u, was %u", heap->span_max[c], max);
+  for (int i = 0; i < N; i++) free(ps[i]);
+}
+
+/* Gives every span cache of this thread back to the page heap. */
+static void flush_span_caches(void) { hak_span_flush(hak_tls_heap); }
+
+/* The point of spans: the pages a freed block gives back serve a block of
+ * another size, without page faults. */
+TEST(freed_span_pages_serve_a_block_of_another_size) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* no other committed free run */
+  uint8_t *a = malloc(80000), *guard = malloc(80000);
+  REQUIRE(a && guard);
+  memset(a, 5, 80000);
+  free(a);
+  flush_span_caches();
+  CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  uint8_t *b = malloc(30000); /* another class: the best committed run */
+  CHECK(b == a);
+  int resident = resident_pages(b, 8 * 4096);
+  CHECK_MSG(resident == 8, "%d of 8 pages resident: reuse would fault", resident);
   free(b);
+  free(guard);
+}
+
+TEST(adjacent_free_spans_merge) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *a = malloc(40000), *b = malloc(40000), *guard = malloc(40000);
+  REQUIRE(a && b && guard);
+  REQUIRE(b == a + 40960 && guard == b + 40960); /* one at a time from a fresh run */
+  memset(a, 1, 40000);
+  memset(b, 1, 40000);
+  free(b);
+  free(a);
+  flush_span_caches();
+  uint64_t w = page_word(a);
+  REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  CHECK(page_word(b) == 0); /* inside the run now */
+  CHECK(page_word(b + 40960 - 4096) == w); /* the run's last page */
+  uint8_t *c = malloc(81920); /* needs both */
+  CHECK(c == a);
+  free(c);
+  free(guard);
+}
+
+TEST(span_realloc_grows_and_shrinks_in_place) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *a = malloc(20000), *b = malloc(20000), *guard = malloc(20000);
+  REQUIRE(a && b && guard && b == a + 20480);
+  fill(a, 20000, 7);
+  free(b);
+  flush_span_caches();
+  uint8_t *r = realloc(a, 40000); /* into b's pages */
+  CHECK(r == a);
+  CHECK(verify(r, 20000, 7) == 20000);
+  CHECK(malloc_usable_size(r) == 40960);
+  r = realloc(r, 12000); /* below half: the tail goes back */
+  CHECK(r == a);
+  CHECK(verify(r, 12000, 7) == 12000);
+  CHECK(malloc_usable_size(r) == 12288);
+  CHECK((page_word(a + 12288) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  free(r);
+  free(guard);
+}
+
+TEST(calloc_of_a_span_is_zero_on_reused_pages) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  uint8_t *a = malloc(100000);
+  REQUIRE(a != NULL);
+  memset(a, 0xAB, 100000);
+  free(a);
+  uint8_t *b = calloc(1, 100000); /* from the cache */
+  CHECK(b == a);
+  CHECK_MSG(first_nonzero(b, 100000) == 100000, "byte %zu", first_nonzero(b, 100000));
+  memset(b, 0xCD, 100000);
+  free(b);
+  flush_span_caches();
+  uint8_t *c = calloc(1, 50000); /* from the page heap, dirty */
+  CHECK(c == a);
+  CHECK_MSG(first_nonzero(c, 50000) == 50000, "byte %zu", first_nonzero(c, 50000));
+  free(c);
+}
+
+TEST(free_span_runs_are_purged_after_delay) {
+  hak_opt.purge_delay_ms = 50;
+  start_purger();
+  uint8_t *a = malloc(200000), *guard = malloc(200000);
+  REQUIRE(a && guard);
+  memset(a, 3, 200000);
+  free(a);
+  flush_span_caches();
+  REQUIRE(resident_pages(a, 48 * 4096) == 48);
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
+  int resident = resident_pages(a, 48 * 4096);
+  CHECK_MSG(resident == 0, "%d pages still resident", resident);
+  uint8_t *b = calloc(1, 200000); /* purged pages read zero */
+  CHECK(first_nonzero(b, 200000) == 200000);
+  free(b);
+  free(guard);
+}
+
+/* Span segments all free go back to the segment cache once their pages
+ * have been idle for the purge delay, and from there to the OS (but the
+ * first one, which may hold a block of the runtime's). */
+TEST(span_segments_all_free_go_back_to_the_segment_cache) {
+  hak_opt.purge_delay_ms = 50;
+  start_purger();
+  enum { N = 100 }; /* 128 KiB blocks, 31 to a segment */
+  static void *ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(131072)) != NULL);
+  hak_segment_t *first = hak_segment_of(ps[0]);
+  size_t segments = atomic_load(&hak_gstats.segments), ours = 0;
+  for (int i = 0; i < N; i++) ours += i == 0 || hak_segment_of(ps[i]) != hak_segment_of(ps[i - 1]);
+  REQUIRE(ours >= 4);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  flush_span_caches();
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL); /* purged, cached, and unmapped after the delay again */
+  size_t now = atomic_load(&hak_gstats.segments);
+  CHECK_MSG(now + ours - 1 <= segments, "segments %zu -> %zu, %zu of them spans'", segments, now,
+            ours);
+  for (int i = 0; i < N; i++)
+    if (hak_segment_of(ps[i]) != first) CHECK(hak_segment_of(ps[i]) == NULL);
+}
+
+typedef struct {
+  void *p;
+  bool cached; /* p was in the freeing thread's cache */
+} remote_free_t;
+
+static void *free_span_in_thread(void *arg) {
+  remote_free_t *r = arg;
+  free(r->p);
+  r->cached = hak_tls_heap->free[hak_size_class(50000)] == r->p;
+  return NULL;
+}
+
+TEST(span_freed_by_another_thread_goes_to_its_cache_and_back_at_exit) {
+  hak_opt.purge_delay_ms = 100000;
+  remote_free_t r = {malloc(50000), false};
+  REQUIRE(r.p != NULL);
+  run_thread(free_span_in_thread, &r);
+  CHECK(r.cached);
+  /* the thread's exit gave its cache back: the pages are a free run */
+  CHECK((page_word(r.p) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  CHECK(malloc(50000) == r.p);
+}
+
+/* A cache that has not moved for a while goes back to the page heap,
+ * while another class refills. */
+TEST(idle_span_cache_goes_back_to_the_page_heap) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { N = 200 }; /* 2.4 MiB: more than a cache holds, so it refills */
+  static void *ps[N];
+  size_t idle = hak_size_class(100000);
+  void *a = malloc(100000);
+  free(a);
+  REQUIRE(hak_tls_heap->free[idle] == a);
+  size_t refills = atomic_load(&hak_gstats.refills);
+  for (int round = 0; round < 10 && hak_tls_heap->free[idle] != NULL; round++) {
+    for (int k = 0; k < N; k++) ps[k] = malloc(12000);
+    for (int k = 0; k < N; k++) free(ps[k]);
+  }
+  CHECK(hak_tls_heap->free[idle] == NULL);
+  CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  CHECK(atomic_load(&hak_gstats.refills) - refills >= 32); /* two looks */
 }
 
 TEST(current_slab_stays_through_ping_pong) {

@@ -1,0 +1,677 @@
+/* Spans: blocks of 8 KiB to 256 KiB (the span classes), each a run of
+ * whole pages of a span segment of its own, so that the pages a freed block
+ * gives back serve a block of any size: a program whose sizes move, or that
+ * frees every other block and then asks for bigger ones, reuses them, where
+ * slabs of one class kept them for that class alone.
+ *
+ * Two levels. Each thread keeps a cache of free blocks per class: the
+ * heap's list of the class, which malloc's fast path pops as it pops a slab
+ * class's list. free pushes onto the cache of the freeing thread, whichever
+ * thread allocated the block; past the cache's bound, a batch goes back to
+ * the page heap. A cache that runs dry takes a batch and may grow: it ends
+ * up holding what the thread's use of the class swings by, so that a
+ * steady program stops going to the page heap. The page heap is global,
+ * under one lock taken once per batch:
+ * free runs of pages, split to serve a block and merged with their free
+ * neighbours when one comes back, found by best fit in bins by length,
+ * runs with committed pages first. A run idle for the purge delay is
+ * purged, and a segment all free goes back to the segment cache. */
+#define _GNU_SOURCE /* PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP */
+#include "internal.h"
+
+pthread_mutex_t hak_span_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+
+/* Page words: see HAK_PAGE_USED. */
+#define PAGE_FREE HAK_PAGE_FREE
+#define PAGE_USED HAK_PAGE_USED
+#define PAGE_TAIL HAK_PAGE_TAIL
+#define PAGE_TAG HAK_PAGE_TAG
+
+/* What a free run's memory is. Only alike runs merge (see runs_alike). */
+enum {
+  RUN_DIRTY,  /* may hold committed pages; counted as committed */
+  RUN_ZERO,   /* zero, never used since mapped; counted as committed */
+  RUN_PURGED, /* zero, returned to the OS; not counted */
+};
+
+typedef struct run_s run_t;
+struct run_s {
+  run_t *next, *prev; /* its bin */
+  hak_segment_t *seg;
+  uint16_t first, pages;
+  uint8_t state;
+  uint64_t since_ms; /* DIRTY: when a block was last given back into it */
+};
+
+/* Bin n (1 <= n < 64) holds the runs of n pages, bin 0 the longer ones;
+ * bins[0] the dirty runs, bins[1] the zero and purged ones. */
+#define BINS 64
+static run_t *bins[2][BINS];
+static uint64_t bin_mask[2];
+static hak_segment_t *segments; /* every span segment, linked by next/prev */
+static size_t nsegments;
+
+/* Run records come from a pool that always holds enough for every run the
+ * segments can be cut into (free runs are separated by blocks), so giving
+ * pages back never allocates. Records are taken from their chunk only when
+ * first needed, so that the pages of the pool touched are those of the most
+ * runs there have been at once. */
+#define RUNS_PER_SEGMENT (HAK_SPAN_PAGES / 2)
+#define POOL_CHUNK ((size_t)64 * 1024)
+typedef struct pool_chunk_s {
+  struct pool_chunk_s *next;
+  size_t used; /* records taken from it */
+} pool_chunk_t;
+#define CHUNK_RUNS ((POOL_CHUNK - sizeof(pool_chunk_t)) / sizeof(run_t))
+static run_t *pool;          /* records given back */
+static pool_chunk_t *chunks; /* chunks not all taken yet */
+static size_t pool_total;
+
+/* A thread's cache of a class moves BATCH_BYTES of blocks (at least one)
+ * to or from the page heap at a time. It may hold a batch at first, and
+ * twice as many each time it runs dry after it overflowed (the thread's
+ * use of the class swings by more than it holds), up to CACHE_CLASS_BYTES;
+ * the thread's caches may grow by CACHE_THREAD_BYTES in all. */
+#define BATCH_BYTES ((size_t)64 * 1024)
+#define CACHE_CLASS_BYTES ((size_t)2 << 20)
+#define CACHE_THREAD_BYTES ((size_t)4 << 20)
+/* Span refills between two looks for idle caches. */
+#define IDLE_CHECK_REFILLS 16
+/* Bytes given back by overflows, with no refill between, after which a
+ * thread is taken to be freeing only: it gives all its caches back and
+ * keeps none until it allocates a span again, so that its memory can go
+ * back to the OS even if it never calls malloc again. A thread that
+ * allocates too gives back far less before a cache runs dry. */
+#define DRAIN_BYTES CACHE_THREAD_BYTES
+
+static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
+static inline unsigned batch_of(size_t cls) {
+  size_t n = BATCH_BYTES / hak_class_size[cls];
+  return n ? (unsigned)n : 1;
+}
+static inline uint8_t *page_addr(hak_segment_t *seg, unsigned page) {
+  return (uint8_t *)seg + ((size_t)page << HAK_PAGE_SHIFT);
+}
+static inline unsigned page_index(const void *p) { return hak_span_page_index(p); }
+static inline unsigned word_pages(uint64_t w) { return (unsigned)(w >> 16); }
+static inline run_t *run_of(uint64_t word) { return (run_t *)(uintptr_t)(word & ~(uint64_t)PAGE_TAG); }
+static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_PAGE_SHIFT; }
+static inline bool run_whole(const run_t *r) {
+  return r->pages == HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE;
+}
+
+/* ---- run records ---- */
+
+static bool pool_reserve(size_t total) {
+  while (pool_total < total) {
+    pool_chunk_t *chunk = hak_os_map(POOL_CHUNK);
+    if (chunk == NULL) return false;
+    chunk->next = chunks;
+    chunks = chunk;
+    pool_total += CHUNK_RUNS;
+  }
+  return true;
+}
+
+static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_t state) {
+  run_t *r = pool;
+  if (r != NULL) {
+    pool = r->next;
+  } else {
+    while (chunks->used == CHUNK_RUNS) chunks = chunks->next; /* pool_reserve made room */
+    r = (run_t *)(chunks + 1) + chunks->used++;
+  }
+  r->seg = seg;
+  r->first = (uint16_t)first;
+  r->pages = (uint16_t)pages;
+  r->state = state;
+  r->since_ms = 0;
+  return r;
+}
+
+static void run_delete(run_t *r) {
+  r->next = pool;
+  pool = r;
+}
+
+/* ---- bins ---- */
+
+static inline int run_clean(const run_t *r) { return r->state != RUN_DIRTY; }
+static inline unsigned run_bin(const run_t *r) { return r->pages < BINS ? r->pages : 0; }
+
+static void bin_add(run_t *r) {
+  int c = run_clean(r);
+  unsigned b = run_bin(r);
+  r->prev = NULL;
+  r->next = bins[c][b];
+  if (r->next) r->next->prev = r;
+  bins[c][b] = r;
+  bin_mask[c] |= UINT64_C(1) << b;
+}
+
+static void bin_remove(run_t *r) {
+  int c = run_clean(r);
+  unsigned b = run_bin(r);
+  if (r->prev) {
+    r->prev->next = r->next;
+  } else {
+    bins[c][b] = r->next;
+    if (r->next == NULL) bin_mask[c] &= ~(UINT64_C(1) << b);
+  }
+  if (r->next) r->next->prev = r->prev;
+}
+
+/* The run's first and last pages name it. */
+static void run_mark(run_t *r) {
+  uint64_t w = (uint64_t)(uintptr_t)r | PAGE_FREE;
+  r->seg->span.page[r->first] = w;
+  r->seg->span.page[r->first + r->pages - 1] = w;
+}
+
+/* The shortest run of at least n pages in bins[c] (the one given back last
+ * among those of its length), or NULL. */
+static run_t *bin_find(int c, unsigned n) {
+  if (n < BINS) {
+    uint64_t m = bin_mask[c] & (~UINT64_C(0) << n);
+    if (m) return bins[c][__builtin_ctzll(m)];
+  }
+  run_t *best = NULL;
+  for (run_t *r = bins[c][0]; r; r = r->next)
+    if (r->pages >= n && (best == NULL || r->pages < best->pages)) best = r;
+  return best;
+}
+
+/* ---- segments ---- */
+
+/* A segment for the page heap, its header made (outside the lock: it may
+ * map memory and faults in the header); NULL when out of memory. *state
+ * tells what its memory is. */
+static hak_segment_t *segment_prepare(uint8_t *state) {
+  bool zero, purged;
+  hak_segment_t *seg = hak_segment_take_empty(&zero, &purged);
+  if (seg == NULL) return NULL;
+  memset(seg, 0, sizeof *seg);
+  seg->kind = HAK_KIND_SPANS;
+  seg->map_size = HAK_SEG_SIZE;
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) seg->unit_slab[u] = &seg->span.none;
+  *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
+  return seg;
+}
+
+/* seg, prepared, joins the page heap as one free run; false (seg given
+ * back) if the run records cannot be had. */
+static bool segment_add(hak_segment_t *seg, uint8_t state) {
+  if (!pool_reserve((nsegments + 1) * RUNS_PER_SEGMENT)) {
+    hak_segment_put_empty(seg, state != RUN_DIRTY, state == RUN_PURGED);
+    return false;
+  }
+  hak_segmap_set(seg, HAK_SEGMAP_SPANS);
+  seg->next = segments;
+  if (segments) segments->prev = seg;
+  segments = seg;
+  nsegments++;
+  run_t *r = run_new(seg, HAK_SPAN_FIRST_PAGE, HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE, state);
+  r->since_ms = hak_clock_ms();
+  run_mark(r);
+  bin_add(r);
+  return true;
+}
+
+/* r, out of its bin, covers the whole of its segment: the segment goes
+ * back to the segment cache. */
+static void segment_release(run_t *r) {
+  hak_segment_t *seg = r->seg;
+  if (seg->prev) seg->prev->next = seg->next;
+  else segments = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  nsegments--;
+  bool zero = r->state != RUN_DIRTY, purged = r->state == RUN_PURGED;
+  run_delete(r);
+  hak_segment_put_empty(seg, zero, purged);
+}
+
+/* ---- the page heap (all under hak_span_lock) ---- */
+
+static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls) {
+  seg->span.page[first] = (uint64_t)pages << 16 | (uint64_t)cls << 8 | PAGE_USED;
+  if (pages > 1) seg->span.page[first + pages - 1] = PAGE_TAIL;
+}
+
+/* The first n pages of run r (out of its bin) are taken; the rest, if any,
+ * goes back to its bin. */
+static void run_take_front(run_t *r, unsigned n) {
+  if (r->state == RUN_PURGED) HAK_STAT_ADD(committed, (size_t)n << HAK_PAGE_SHIFT);
+  if (r->pages == n) {
+    run_delete(r);
+    return;
+  }
+  r->first = (uint16_t)(r->first + n);
+  r->pages = (uint16_t)(r->pages - n);
+  run_mark(r);
+  bin_add(r);
+}
+
+/* A block of class cls: the shortest committed run that fits, else the
+ * shortest zero one. *clean tells whether its memory is zero. NULL when
+ * there is no room. */
+static void *block_take(size_t cls, bool *clean) {
+  unsigned n = class_pages(cls);
+  run_t *r = bin_find(0, n);
+  if (r == NULL) r = bin_find(1, n);
+  if (r == NULL) return NULL;
+  bin_remove(r);
+  hak_segment_t *seg = r->seg;
+  unsigned first = r->first;
+  *clean = run_clean(r);
+  run_take_front(r, n);
+  block_mark(seg, first, n, cls);
+  return page_addr(seg, first);
+}
+
+/* Purges run r (out of its bin). */
+static void run_purge(run_t *r) {
+  hak_os_purge(page_addr(r->seg, r->first), run_bytes(r));
+  r->state = RUN_PURGED;
+}
+
+/* Whether free runs a and b may be one: a run's pages are all dirty or
+ * all zero, so that a block taken from a dirty run costs no page fault. */
+static inline bool runs_alike(const run_t *a, const run_t *b) {
+  return (a->state == RUN_DIRTY) == (b->state == RUN_DIRTY);
+}
+
+/* r takes in o, alike, its neighbour; o is gone. Zero and purged pages
+ * together count as committed, like a new segment's. */
+static void run_absorb(run_t *r, run_t *o) {
+  if (r->state != o->state) {
+    run_t *purged = r->state == RUN_PURGED ? r : o;
+    HAK_STAT_ADD(committed, run_bytes(purged));
+    r->state = RUN_ZERO;
+  }
+  if (o->since_ms > r->since_ms) r->since_ms = o->since_ms;
+  r->pages = (uint16_t)(r->pages + o->pages);
+  run_delete(o);
+}
+
+/* r, a free run out of its bin and unmarked, takes in the free runs on
+ * either side that are alike, then goes into its bin, or back to the
+ * segment cache if it is its whole segment (unless keep_last and it is the
+ * last span segment, kept against map/unmap thrash until it is purged). */
+static void run_settle(run_t *r, bool keep_last) {
+  uint64_t *pg = r->seg->span.page;
+  unsigned first = r->first, end = first + r->pages;
+  if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & PAGE_TAG) == PAGE_FREE) {
+    run_t *left = run_of(pg[first - 1]);
+    if (runs_alike(left, r)) {
+      bin_remove(left);
+      pg[first - 1] = pg[first] = 0;
+      r->first = left->first;
+      run_absorb(r, left);
+    }
+  }
+  if (end < HAK_SPAN_PAGES && (pg[end] & PAGE_TAG) == PAGE_FREE) {
+    run_t *right = run_of(pg[end]);
+    if (runs_alike(right, r)) {
+      bin_remove(right);
+      pg[end - 1] = pg[end] = 0;
+      run_absorb(r, right);
+    }
+  }
+  if (run_whole(r) && !(keep_last && nsegments == 1)) {
+    segment_release(r);
+    return;
+  }
+  run_mark(r);
+  bin_add(r);
+}
+
+/* Pages first .. first + n - 1 of seg, a block's, are free again. */
+static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t now) {
+  seg->span.page[first] = seg->span.page[first + n - 1] = 0;
+  run_t *r = run_new(seg, first, n, RUN_DIRTY);
+  r->since_ms = now;
+  if (hak_opt.purge_delay_ms == 0) run_purge(r);
+  run_settle(r, true);
+}
+
+/* The block at p goes back to the page heap. */
+static void block_give(void *p, uint64_t now) {
+  hak_segment_t *seg = (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
+  unsigned first = page_index(p);
+  uint64_t w = seg->span.page[first];
+  HAK_ASSERT((w & PAGE_TAG) == PAGE_USED);
+  pages_give(seg, first, word_pages(w), now);
+}
+
+/* Gives a list of blocks back to the page heap. */
+static void give_locked(hak_block_t *list, uint64_t now) {
+  while (list) {
+    hak_block_t *next = hak_next(list);
+    block_give(list, now);
+    list = next;
+  }
+}
+
+static void give_list(hak_block_t *list) {
+  uint64_t now = hak_clock_ms();
+  pthread_mutex_lock(&hak_span_lock);
+  give_locked(list, now);
+  pthread_mutex_unlock(&hak_span_lock);
+  hak_purge_wake();
+}
+
+/* ---- checks ---- */
+
+/* A page-aligned pointer inside a free run that was in use: a block freed
+ * already. Anything else is no block. */
+static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, const void *p) {
+  bool freed = false;
+  unsigned i = page_index(p);
+  pthread_mutex_lock(&hak_span_lock);
+  if (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0 && i >= HAK_SPAN_FIRST_PAGE) {
+    unsigned j = i;
+    while (j > HAK_SPAN_FIRST_PAGE && seg->span.page[j] == 0) j--;
+    uint64_t w = seg->span.page[j];
+    if ((w & PAGE_TAG) == PAGE_FREE) {
+      run_t *r = run_of(w);
+      freed = r->first <= i && i < r->first + r->pages && r->state != RUN_ZERO;
+    }
+  }
+  pthread_mutex_unlock(&hak_span_lock);
+  if (freed) hak_double_free(p);
+  hak_invalid_free(p);
+}
+
+/* The class of the block at p, in span segment seg; aborts unless p is the
+ * start of a block not given back to the page heap. A pointer at the very
+ * end of the segment reads the header's page word, which is 0. */
+HAK_INLINE size_t block_class(hak_segment_t *seg, const void *p) {
+  uint64_t w = seg->span.page[page_index(p)];
+  if (HAK_UNLIKELY(!hak_span_word_is_block(w, p))) bad_block(seg, p);
+  return hak_span_word_class(w);
+}
+
+size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
+  return hak_class_size[block_class(seg, p)] - HAK_CANARY;
+}
+
+/* ---- thread caches ---- */
+
+void hak_span_heap_init(hak_heap_t *heap) {
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+    heap->span_max[c] = heap->span_room[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
+}
+
+/* Blocks in the heap's cache of cls. */
+static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
+  return (unsigned)(heap->span_max[cls - HAK_SLAB_CLASSES] - heap->span_room[cls - HAK_SLAB_CLASSES]);
+}
+
+/* The cache of cls, empty, is back to its first bound. */
+static void cache_shrink(hak_heap_t *heap, size_t cls) {
+  uint16_t *max = &heap->span_max[cls - HAK_SLAB_CLASSES];
+  heap->span_grown -= (size_t)(*max - batch_of(cls)) * hak_class_size[cls];
+  *max = heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)batch_of(cls);
+}
+
+/* The cache of cls ran dry: if it overflowed since it last did, it may
+ * hold twice as many, as far as the bounds allow. */
+static void cache_grow(hak_heap_t *heap, size_t cls) {
+  uint64_t bit = UINT64_C(1) << (cls - HAK_SLAB_CLASSES);
+  if (!(heap->span_overflowed & bit)) return;
+  heap->span_overflowed &= ~bit;
+  uint16_t *max = &heap->span_max[cls - HAK_SLAB_CLASSES];
+  size_t bs = hak_class_size[cls], more = (size_t)*max * bs; /* doubles */
+  if (*max * bs + more > CACHE_CLASS_BYTES) more = CACHE_CLASS_BYTES - *max * bs;
+  if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
+  unsigned n = (unsigned)(more / bs);
+  *max = (uint16_t)(*max + n);
+  heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)(heap->span_room[cls - HAK_SLAB_CLASSES] + n);
+  heap->span_grown += (size_t)n * bs;
+}
+
+/* Gives every block of the heap's caches in `mask` (bit c: span class
+ * HAK_SLAB_CLASSES + c) back to the page heap; those caches shrink. */
+static void caches_give(hak_heap_t *heap, uint64_t mask) {
+  uint64_t now = hak_clock_ms();
+  pthread_mutex_lock(&hak_span_lock);
+  for (uint64_t m = mask; m; m &= m - 1) {
+    size_t cls = HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(m);
+    give_locked(heap->free[cls], now);
+    heap->free[cls] = NULL;
+  }
+  pthread_mutex_unlock(&hak_span_lock);
+  for (uint64_t m = mask; m; m &= m - 1) {
+    size_t c = (size_t)__builtin_ctzll(m);
+    heap->seen[c] = NULL;
+    cache_shrink(heap, HAK_SLAB_CLASSES + c);
+  }
+  hak_purge_wake();
+}
+
+/* The thread frees and takes no span: its caches go back and hold nothing
+ * (every free overflows) until its next refill. */
+static void drain(hak_heap_t *heap) {
+  hak_span_flush(heap);
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_max[c] = heap->span_room[c] = 0;
+  heap->span_grown = 0;
+  heap->span_overflowed = 0;
+  heap->span_draining = 1;
+}
+
+void hak_span_flush(hak_heap_t *heap) {
+  uint64_t mask = 0;
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+    if (heap->free[HAK_SLAB_CLASSES + c]) mask |= UINT64_C(1) << c;
+  if (mask) caches_give(heap, mask);
+}
+
+/* free's fast path found the block at p (in span segment seg) not a block
+ * in use, or the one freed just before, or its class's cache full, or the
+ * thread without a heap: names the fault, or frees the block the long way. */
+HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
+  size_t cls = block_class(seg, p), c = cls - HAK_SLAB_CLASSES;
+  hak_heap_t *heap = hak_tls_heap;
+  hak_block_t *b = p;
+  if (heap == &hak_heap_empty && (heap = hak_heap_get()) == NULL) {
+    hak_block_check_free(b, hak_class_size[cls]);
+    HAK_CSTAT_FREE(cls);
+    hak_set_next(b, NULL);
+    give_list(b);
+    return;
+  }
+  if (heap->free[cls] == b) hak_double_free(b);
+  if (heap->span_room[c] != 0) { /* the heap was new */
+    hak_span_push(heap, cls, b);
+    return;
+  }
+  /* Full: the batch freed last, this block first, goes back. */
+  unsigned n = cache_count(heap, cls) + 1;
+  if (n > batch_of(cls)) n = batch_of(cls);
+  hak_block_check_free(b, hak_class_size[cls]);
+  HAK_CSTAT_FREE(cls);
+  hak_block_t *last = b;
+  hak_set_next(b, heap->free[cls]);
+  for (unsigned i = 1; i < n; i++) last = hak_next(last);
+  heap->free[cls] = hak_next(last);
+  hak_set_next(last, NULL);
+  heap->span_room[c] = (uint16_t)(n - 1);
+  heap->span_overflowed |= UINT64_C(1) << c;
+  give_list(b);
+  heap->span_given_in_row += (size_t)n * hak_class_size[cls];
+  if (!heap->span_draining && heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
+  hak_purge_start();
+}
+
+/* A cache that has not moved since the last look is idle and goes back to
+ * the page heap: a program whose sizes drift (strings and arrays that
+ * grow) would otherwise keep a cache in every class it went through. */
+static void retire_idle(hak_heap_t *heap) {
+  uint64_t mask = 0;
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    hak_block_t *list = heap->free[HAK_SLAB_CLASSES + c];
+    if (list != NULL && list == heap->seen[c]) mask |= UINT64_C(1) << c;
+    heap->seen[c] = list;
+  }
+  if (mask) caches_give(heap, mask);
+}
+
+/* Takes up to n blocks of cls for the heap's empty cache, in the order
+ * taken (from a fresh run, by address); for the first, the page heap may
+ * take a new segment. Returns how many. */
+static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
+  hak_block_t *head = NULL, *tail = NULL;
+  bool clean = true;
+  unsigned got = 0;
+  pthread_mutex_lock(&hak_span_lock);
+  while (got < n) {
+    bool c;
+    hak_block_t *b = block_take(cls, &c);
+    if (b == NULL) {
+      if (got > 0) break;
+      pthread_mutex_unlock(&hak_span_lock);
+      uint8_t state;
+      hak_segment_t *seg = segment_prepare(&state);
+      pthread_mutex_lock(&hak_span_lock);
+      if (seg == NULL || !segment_add(seg, state)) break;
+      continue;
+    }
+    got++;
+    clean &= c;
+    hak_set_next(b, NULL);
+    if (tail) hak_set_next(tail, b);
+    else head = b;
+    tail = b;
+  }
+  pthread_mutex_unlock(&hak_span_lock);
+  heap->free[cls] = head;
+  heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)(heap->span_max[cls - HAK_SLAB_CLASSES] - got);
+  heap->clean[cls] = clean;
+  return got;
+}
+
+void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
+  HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
+  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  HAK_SLOW_BEGIN();
+  HAK_STAT_ADD(refills, 1);
+  heap->span_given_in_row = 0;
+  if (heap->span_draining) {
+    heap->span_draining = 0;
+    hak_span_heap_init(heap);
+  }
+  if (++heap->span_refills % IDLE_CHECK_REFILLS == 0) retire_idle(heap);
+  cache_grow(heap, cls);
+  /* Out of memory: once, give back what waits for a purge, in a cache or
+   * for the purger's unmap, and look again. */
+  if (cache_fill(heap, cls, batch_of(cls)) == 0) {
+    hak_release_all();
+    cache_fill(heap, cls, batch_of(cls));
+  }
+  void *b = hak_span_pop(heap, cls);
+  HAK_SLOW_END();
+  return hak_refill_done(b, cls, size);
+}
+
+/* ---- realloc ---- */
+
+/* The block at p, of class cls, becomes one of class ncls where it is:
+ * shorter, its tail given back, or longer, into the free run after it.
+ * False (nothing changed) when there is no room after it. */
+static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
+  uint64_t *pg = seg->span.page;
+  unsigned first = page_index(p), n = class_pages(cls), m = class_pages(ncls);
+  bool done = true;
+  pthread_mutex_lock(&hak_span_lock);
+  if (m < n) {
+    pg[first + n - 1] = 0;
+    block_mark(seg, first, m, ncls);
+    pages_give(seg, first + m, n - m, hak_clock_ms());
+  } else {
+    uint64_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
+    run_t *r = run_of(w);
+    done = (w & PAGE_TAG) == PAGE_FREE && r->pages >= m - n;
+    if (done) {
+      bin_remove(r);
+      pg[first + n - 1] = pg[first + n] = 0;
+      run_take_front(r, m - n);
+      block_mark(seg, first, m, ncls);
+    }
+  }
+  pthread_mutex_unlock(&hak_span_lock);
+  return done;
+}
+
+void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
+  size_t cls = block_class(seg, p), old = hak_class_size[cls] - HAK_CANARY;
+  if (size <= old && size >= old / 2) return p;
+  if (size + HAK_CANARY > HAK_SLAB_MAX && size <= HAK_BIG_MAX - HAK_CANARY) {
+    size_t ncls = hak_size_class(size + HAK_CANARY);
+    if (resize_in_place(seg, p, cls, ncls)) {
+      hak_block_resized(p, hak_class_size[ncls]);
+      HAK_CSTAT_FREE(cls);
+      HAK_CSTAT_ALLOC(ncls, size);
+      return p;
+    }
+  }
+  void *q = hak_malloc_inline(size);
+  if (q == NULL) return NULL; /* p stays valid */
+  memcpy(q, p, size < old ? size : old);
+  hak_free_inline(p);
+  return q;
+}
+
+/* ---- purge, usage, fork ---- */
+
+bool hak_span_purge(bool force) {
+  uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
+  bool pending = false;
+  pthread_mutex_lock(&hak_span_lock);
+  for (unsigned b = 0; b < BINS; b++) {
+    for (run_t *r = bins[0][b], *next; r; r = next) {
+      next = r->next;
+      if (!force && now - r->since_ms < delay) {
+        pending = true;
+        continue;
+      }
+      bin_remove(r);
+      run_purge(r);
+      run_settle(r, false); /* merges only with zero runs, in the other bins */
+    }
+  }
+  if (force) /* all of a segment never used since mapped (or purged) */
+    for (run_t *r = bins[1][0], *next; r; r = next) {
+      next = r->next;
+      if (!run_whole(r)) continue;
+      bin_remove(r);
+      segment_release(r);
+    }
+  pthread_mutex_unlock(&hak_span_lock);
+  return pending;
+}
+
+void hak_span_usage(hak_usage_t *u) {
+  pthread_mutex_lock(&hak_span_lock);
+  for (hak_segment_t *seg = segments; seg; seg = seg->next) {
+    for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
+      uint64_t w = seg->span.page[i];
+      if ((w & PAGE_TAG) == PAGE_FREE) {
+        run_t *r = run_of(w);
+        if (r->state == RUN_DIRTY) u->cached_bytes += run_bytes(r);
+        i += r->pages;
+        continue;
+      }
+      HAK_ASSERT((w & PAGE_TAG) == PAGE_USED);
+      size_t cls = hak_span_word_class(w);
+      u->blocks_used[cls]++;
+      u->used_bytes += hak_class_size[cls];
+      i += word_pages(w);
+    }
+  }
+  pthread_mutex_unlock(&hak_span_lock);
+}
+
+void hak_span_fork_child(void) { pthread_mutex_init(&hak_span_lock, NULL); }
