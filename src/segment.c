@@ -80,13 +80,33 @@ static void list_remove(hak_segment_t **head, hak_segment_t *seg) {
   seg->next = seg->prev = NULL;
 }
 
+/* A heap's segments with free units come before the full ones, so that a
+ * search for units stops at the first full one: a program with hundreds of
+ * segments filled them all. */
+static void heap_list_place(hak_heap_t *heap, hak_segment_t *seg) {
+  if (seg->free_units != 0 || heap->segments_last == NULL) {
+    list_push(&heap->segments, seg);
+    if (seg->next == NULL) heap->segments_last = seg;
+    return;
+  }
+  seg->next = NULL;
+  seg->prev = heap->segments_last;
+  heap->segments_last->next = seg;
+  heap->segments_last = seg;
+}
+
+static void heap_list_remove(hak_heap_t *heap, hak_segment_t *seg) {
+  if (heap->segments_last == seg) heap->segments_last = seg->prev;
+  list_remove(&heap->segments, seg);
+}
+
 static void heap_link(hak_heap_t *heap, hak_segment_t *seg) {
-  list_push(&heap->segments, seg);
+  heap_list_place(heap, seg);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
 }
 
 static void heap_unlink(hak_heap_t *heap, hak_segment_t *seg) {
-  list_remove(&heap->segments, seg);
+  heap_list_remove(heap, seg);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
 }
 
@@ -282,7 +302,12 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     seg->unit_slab[u] = c;
   }
   seg->zero_units = (seg->zero_units & ~run) | zero;
+  bool was_full = seg->free_units == 0;
   seg->free_units |= run;
+  if (was_full && heap != NULL && seg->heap == heap) { /* (not when it is being abandoned) */
+    heap_list_remove(heap, seg);
+    heap_list_place(heap, seg);
+  }
   if (hak_opt.purge_delay_ms == 0) {
     purge_units(seg, first, n);
   } else {
@@ -422,6 +447,10 @@ static hak_slab_t *units_take(hak_heap_t *heap, hak_segment_t *seg, unsigned fir
   seg->free_units &= ~run;
   seg->zero_units &= ~run;
   seg->purged_units &= ~run;
+  if (seg->free_units == 0) {
+    heap_list_remove(heap, seg);
+    heap_list_place(heap, seg);
+  }
   for (unsigned u = first; u < first + n; u++) seg->unit_slab[u] = s;
   s->units = (uint8_t)n;
   if (!s->zero && hak_opt.purge_delay_ms != 0) {
@@ -454,10 +483,10 @@ static hak_segment_t *pop_abandoned(void) {
 static bool heap_find_units(hak_heap_t *heap, unsigned n, hak_segment_t **where, unsigned *at,
                            int *best) {
   *where = NULL;
-  for (hak_segment_t *seg = heap->segments; seg; seg = seg->next) {
+  for (hak_segment_t *seg = heap->segments; seg && seg->free_units != 0; seg = seg->next) {
     unsigned f;
     int score;
-    if (seg->free_units == 0 || !units_find(seg, n, &f, &score)) continue;
+    if (!units_find(seg, n, &f, &score)) continue;
     if (*where == NULL || score > *best) {
       *best = score;
       *where = seg;

@@ -212,7 +212,7 @@ struct hak_heap_s {
    * calloc need not clear them (only their link words were written); of a
    * span class, the blocks its last refill took were. */
   uint8_t clean[HAK_CLASSES];
-  hak_segment_t *segments; /* owned */
+  hak_segment_t *segments, *segments_last; /* owned: those with free units first */
   /* Set by another thread that freed into one of our FULL slabs: the next
    * refill looks at the full lists before taking a new slab. */
   _Atomic int full_remote;

@@ -606,6 +606,36 @@ TEST(slab_shortens_to_committed_units) {
   CHECK(s->units == 1);
 }
 
+/* Whether the heap's segments with free units all come before the full
+ * ones (the search for units stops at the first full one). */
+static bool segments_ordered(const hak_heap_t *heap) {
+  bool full_seen = false;
+  for (hak_segment_t *seg = heap->segments; seg; seg = seg->next) {
+    if (seg->free_units != 0 && full_seen) return false;
+    full_seen |= seg->free_units == 0;
+  }
+  return true;
+}
+
+TEST(segments_with_free_units_come_first) {
+  enum { N = 14000 }; /* 1000-byte blocks: more than three segments */
+  static char *ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(1000)) != NULL);
+  hak_heap_t *heap = hak_tls_heap;
+  CHECK(segments_ordered(heap));
+  int first = 0; /* a block of a full segment, allocated long ago */
+  while (first < N / 2 && hak_segment_of(ps[first])->free_units != 0) first++;
+  REQUIRE(first < N / 2);
+  hak_segment_t *seg = hak_segment_of(ps[first]);
+  hak_slab_t *slab = slab_of_ptr(ps[first]);
+  for (int i = 0; i < N; i++)
+    if (slab_of_ptr(ps[i]) == slab) free(ps[i]); /* not the current slab: released */
+  CHECK(seg->free_units != 0);
+  CHECK(segments_ordered(heap));
+  void *q = malloc(3000); /* a new class's slab: in that segment's free unit */
+  CHECK(hak_segment_of(q) == seg);
+}
+
 /* A small class that filled a slab is busy: its next slab is four units
  * long, so more of its frees go to the attached slab. */
 TEST(small_class_that_filled_a_slab_takes_four_units) {
