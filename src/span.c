@@ -55,7 +55,8 @@ static size_t nsegments;
  * segments can be cut into (free runs are separated by blocks), so giving
  * pages back never allocates. Records are taken from their chunk only when
  * first needed, so that the pages of the pool touched are those of the most
- * runs there have been at once. */
+ * runs there have been at once, and the pool goes back to the OS when the
+ * last span segment does. */
 #define RUNS_PER_SEGMENT (HAK_SPAN_PAGES / 2)
 #define POOL_CHUNK ((size_t)64 * 1024)
 typedef struct pool_chunk_s {
@@ -64,7 +65,7 @@ typedef struct pool_chunk_s {
 } pool_chunk_t;
 #define CHUNK_RUNS ((POOL_CHUNK - sizeof(pool_chunk_t)) / sizeof(run_t))
 static run_t *pool;          /* records given back */
-static pool_chunk_t *chunks; /* chunks not all taken yet */
+static pool_chunk_t *chunks; /* every chunk */
 static size_t pool_total;
 
 /* A thread's cache of a class moves BATCH_BYTES of blocks (at least one)
@@ -96,9 +97,6 @@ static inline unsigned page_index(const void *p) { return hak_span_page_index(p)
 static inline unsigned word_pages(uint64_t w) { return (unsigned)(w >> 16); }
 static inline run_t *run_of(uint64_t word) { return (run_t *)(uintptr_t)(word & ~(uint64_t)PAGE_TAG); }
 static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_PAGE_SHIFT; }
-static inline bool run_whole(const run_t *r) {
-  return r->pages == HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE;
-}
 
 /* ---- run records ---- */
 
@@ -113,13 +111,24 @@ static bool pool_reserve(size_t total) {
   return true;
 }
 
+static void pool_release(void) {
+  while (chunks) {
+    pool_chunk_t *next = chunks->next;
+    hak_os_unmap(chunks, POOL_CHUNK);
+    chunks = next;
+  }
+  pool = NULL;
+  pool_total = 0;
+}
+
 static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_t state) {
   run_t *r = pool;
   if (r != NULL) {
     pool = r->next;
   } else {
-    while (chunks->used == CHUNK_RUNS) chunks = chunks->next; /* pool_reserve made room */
-    r = (run_t *)(chunks + 1) + chunks->used++;
+    pool_chunk_t *c = chunks;
+    while (c->used == CHUNK_RUNS) c = c->next; /* pool_reserve made room */
+    r = (run_t *)(c + 1) + c->used++;
   }
   r->seg = seg;
   r->first = (uint16_t)first;
@@ -217,16 +226,29 @@ static bool segment_add(hak_segment_t *seg, uint8_t state) {
   return true;
 }
 
-/* r, out of its bin, covers the whole of its segment: the segment goes
- * back to the segment cache. */
+/* r's segment has no block left: its free runs (r, out of its bin, among
+ * them) go, and the segment goes back to the segment cache. */
 static void segment_release(run_t *r) {
   hak_segment_t *seg = r->seg;
+  bool zero = true, purged = true;
+  size_t purged_bytes = 0;
+  run_mark(r);
+  for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
+    run_t *x = run_of(seg->span.page[i]);
+    HAK_ASSERT((seg->span.page[i] & PAGE_TAG) == PAGE_FREE && x->first == i);
+    if (x != r) bin_remove(x);
+    zero &= x->state != RUN_DIRTY;
+    purged &= x->state == RUN_PURGED;
+    if (x->state == RUN_PURGED) purged_bytes += run_bytes(x);
+    i += x->pages;
+    run_delete(x);
+  }
+  if (!purged) HAK_STAT_ADD(committed, purged_bytes); /* all of it counts as committed */
   if (seg->prev) seg->prev->next = seg->next;
   else segments = seg->next;
   if (seg->next) seg->next->prev = seg->prev;
   nsegments--;
-  bool zero = r->state != RUN_DIRTY, purged = r->state == RUN_PURGED;
-  run_delete(r);
+  if (nsegments == 0) pool_release(); /* no run is left */
   hak_segment_put_empty(seg, zero, purged);
 }
 
@@ -265,6 +287,7 @@ static void *block_take(size_t cls, bool *clean) {
   *clean = run_clean(r);
   run_take_front(r, n);
   block_mark(seg, first, n, cls);
+  seg->span.used_pages += n;
   return page_addr(seg, first);
 }
 
@@ -294,10 +317,11 @@ static void run_absorb(run_t *r, run_t *o) {
 }
 
 /* r, a free run out of its bin and unmarked, takes in the free runs on
- * either side that are alike, then goes into its bin, or back to the
- * segment cache if it is its whole segment (unless keep_last and it is the
- * last span segment, kept against map/unmap thrash until it is purged). */
-static void run_settle(run_t *r, bool keep_last) {
+ * either side that are alike, then goes into its bin; or, if its segment
+ * has no block left, the segment goes back to the segment cache (unless
+ * keep_last and it is the last span segment, kept against map/unmap
+ * thrash until it is purged), and the result is true. */
+static bool run_settle(run_t *r, bool keep_last) {
   uint64_t *pg = r->seg->span.page;
   unsigned first = r->first, end = first + r->pages;
   if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & PAGE_TAG) == PAGE_FREE) {
@@ -317,17 +341,19 @@ static void run_settle(run_t *r, bool keep_last) {
       run_absorb(r, right);
     }
   }
-  if (run_whole(r) && !(keep_last && nsegments == 1)) {
+  if (r->seg->span.used_pages == 0 && !(keep_last && nsegments == 1)) {
     segment_release(r);
-    return;
+    return true;
   }
   run_mark(r);
   bin_add(r);
+  return false;
 }
 
 /* Pages first .. first + n - 1 of seg, a block's, are free again. */
 static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t now) {
   seg->span.page[first] = seg->span.page[first + n - 1] = 0;
+  seg->span.used_pages -= n;
   run_t *r = run_new(seg, first, n, RUN_DIRTY);
   r->since_ms = now;
   if (hak_opt.purge_delay_ms == 0) run_purge(r);
@@ -599,6 +625,7 @@ static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls
       pg[first + n - 1] = pg[first + n] = 0;
       run_take_front(r, m - n);
       block_mark(seg, first, m, ncls);
+      seg->span.used_pages += m - n;
     }
   }
   pthread_mutex_unlock(&hak_span_lock);
@@ -639,13 +666,16 @@ bool hak_span_purge(bool force) {
       }
       bin_remove(r);
       run_purge(r);
-      run_settle(r, false); /* merges only with zero runs, in the other bins */
+      /* it merges only with zero runs, in the other bins; a release takes
+       * the segment's other runs out, maybe the next one here */
+      if (run_settle(r, false)) next = bins[0][b];
     }
   }
-  if (force) /* all of a segment never used since mapped (or purged) */
-    for (run_t *r = bins[1][0], *next; r; r = next) {
-      next = r->next;
-      if (!run_whole(r)) continue;
+  if (force) /* the segments with no block left, their runs zero or purged */
+    for (hak_segment_t *seg = segments, *next; seg; seg = next) {
+      next = seg->next;
+      if (seg->span.used_pages != 0) continue;
+      run_t *r = run_of(seg->span.page[HAK_SPAN_FIRST_PAGE]);
       bin_remove(r);
       segment_release(r);
     }

@@ -171,6 +171,7 @@ struct hak_segment_s {
     hak_slab_t slabs[HAK_MAX_SLABS]; /* slab segments; a large header uses slabs[0] */
     struct {
       hak_slab_t none; /* what every unit maps to: owner 0, state FREE */
+      unsigned used_pages; /* pages of blocks (cached ones too) */
       /* One word per page (span.c): the first page of a block holds its
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run; every other page 0. */

@@ -871,6 +871,32 @@ TEST(span_segments_all_free_go_back_to_the_segment_cache) {
     if (hak_segment_of(ps[i]) != first) CHECK(hak_segment_of(ps[i]) == NULL);
 }
 
+/* A segment with no block left goes back whatever its free runs are: here
+ * two dirty ones between purged ones, which do not merge, and the last
+ * span segment, kept until the purge, which releases it whole (a runtime
+ * that keeps a span block of its own, as UBSan's does, keeps it). */
+TEST(span_segment_with_no_block_left_goes_back_whatever_its_runs) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* no span segment, unless the runtime's */
+  char *a = malloc(20000), *b = malloc(20000), *c = malloc(20000), *d = malloc(20000);
+  REQUIRE(b == a + 20480 && c == b + 20480 && d == c + 20480); /* 5 pages each */
+  free(a);
+  free(c);
+  flush_span_caches();
+  hak_span_purge(true); /* a's and c's pages purged */
+  free(b);
+  free(d);
+  flush_span_caches(); /* b and d: dirty runs of 5 pages, apart */
+  bool empty = hak_segment_of(a)->span.used_pages == 0; /* not if the runtime has a block */
+  hak_span_purge(true);
+  if (empty) CHECK(hak_segmap_of(a) != HAK_SEGMAP_SPANS);
+  char *e = malloc(20000), *f = malloc(1000);
+  CHECK(e && f);
+  free(e);
+  free(f);
+}
+
 typedef struct {
   void *p;
   bool cached; /* p was in the freeing thread's cache */
