@@ -89,7 +89,8 @@ static unsigned rd24(rd_t *r) { return rd16(r) | rd8(r) << 16; }
 static size_t read_size(rd_t *r) {
   static const size_t edges[] = {0,      1,      15,     16,     17,      64,      128,
                                  1023,   1024,   1025,   32767,   32768,  32769,   262143,
-                                 262144, 262145, 4194304 - 4096, 4194304, 4194305, 8388608};
+                                 262144, 262145, 4194304 - 4096, 4194304, 4194305, 8388608,
+                                 7167,   7168,   7169,   8192,   8193};
   unsigned t = rd8(r);
   switch (t & 15) {
   case 0: case 1: case 2: case 3: case 4: return rd8(r) % 65;       /* 0..64 B */

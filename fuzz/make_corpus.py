@@ -9,7 +9,7 @@ import sys
 MALLOC, CALLOC, REALLOC, ALIGNED, POSIX, FREE, FREE_SIZED, USABLE, REALLOCARRAY, COLLECT, REUSE = (
     0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 EDGES = [0, 1, 15, 16, 17, 64, 128, 1023, 1024, 1025, 32767, 32768, 32769, 262143, 262144,
-         262145, 4194304 - 4096, 4194304, 4194305, 8388608]
+         262145, 4194304 - 4096, 4194304, 4194305, 8388608, 7167, 7168, 7169, 8192, 8193]
 
 
 def size(n):
@@ -100,6 +100,14 @@ def seeds():
     out["big_class_fill"] = b"".join(malloc(i, 200000) for i in range(12)) + \
         b"".join(realloc(i, 250000) for i in range(12))
     out["edges_all"] = b"".join(op(MALLOC, i, bytes([13 | ((i & 1) << 7), i])) for i in range(len(EDGES)))
+    spans = [8193, 12000, 20000, 40000, 100000, 262144]
+    out["span_pages_reuse"] = b"".join(malloc(i, n) for i, n in enumerate(spans * 3)) + \
+        b"".join(free(i) for i in range(0, 18, 2)) + collect(True) + \
+        b"".join(malloc(i, n) for i, n in zip(range(0, 18, 2), reversed(spans * 2))) + \
+        b"".join(free(i) for i in range(18))
+    out["span_realloc_in_place"] = malloc(0, 8193) + malloc(1, 20000) + free(1) + collect(True) + \
+        b"".join(realloc(0, n) for n in [12000, 24000, 9000, 7168, 30000, 100000, 40000, 5000]) + \
+        free(0)
     rnd = random.Random(20261122)
     for k in range(16):
         out["random_%02d" % k] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(16, 600)))
