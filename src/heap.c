@@ -81,7 +81,7 @@ hak_heap_t *hak_heap_get(void) {
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == &hak_heap_empty) return;
   hak_free_flush_outboxes(heap);
-  hak_span_flush(heap);
+  hak_span_heap_done(heap);
   pthread_mutex_lock(&heap->lock);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
   hak_segment_abandon_all(heap);

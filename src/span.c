@@ -72,17 +72,23 @@ static size_t pool_total;
  * to or from the page heap at a time. It may hold a batch at first, and
  * twice as many each time it runs dry after it overflowed (the thread's
  * use of the class swings by more than it holds), up to CACHE_CLASS_BYTES;
- * the thread's caches may grow by CACHE_THREAD_BYTES in all. */
+ * the thread's caches may grow by CACHE_THREAD_BYTES in all, and all the
+ * threads' by CACHE_ALL_BYTES: caches are not purged, and a program with
+ * many threads could otherwise keep several MiB in each. */
 #define BATCH_BYTES ((size_t)64 * 1024)
 #define CACHE_CLASS_BYTES ((size_t)2 << 20)
 #define CACHE_THREAD_BYTES ((size_t)4 << 20)
+#define CACHE_ALL_BYTES ((size_t)64 << 20)
+static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
 /* Span refills between two looks for idle caches. */
 #define IDLE_CHECK_REFILLS 16
 /* Bytes given back by overflows, with no refill between, after which a
  * thread is taken to be freeing only: it gives all its caches back and
  * keeps none until it allocates a span again, so that its memory can go
  * back to the OS even if it never calls malloc again. A thread that
- * allocates too gives back far less before a cache runs dry. */
+ * allocates too gives back far less before a cache runs dry; one that
+ * frees in batches drains while its caches are smaller than a batch, but
+ * they keep growing, and stop overflowing once they hold one. */
 #define DRAIN_BYTES CACHE_THREAD_BYTES
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
@@ -428,6 +434,8 @@ void hak_span_heap_init(hak_heap_t *heap) {
     heap->span_max[c] = heap->span_room[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
 }
 
+size_t hak_span_cache_growth(void) { return atomic_load_explicit(&grown_all, memory_order_relaxed); }
+
 /* Blocks in the heap's cache of cls. */
 static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
   return (unsigned)(heap->span_max[cls - HAK_SLAB_CLASSES] - heap->span_room[cls - HAK_SLAB_CLASSES]);
@@ -436,9 +444,13 @@ static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
 /* The cache of cls, empty, is back to its first bound. */
 static void cache_shrink(hak_heap_t *heap, size_t cls) {
   uint16_t *max = &heap->span_max[cls - HAK_SLAB_CLASSES];
-  heap->span_grown -= (size_t)(*max - batch_of(cls)) * hak_class_size[cls];
+  size_t less = (size_t)(*max - batch_of(cls)) * hak_class_size[cls];
+  heap->span_grown -= less;
+  atomic_fetch_sub_explicit(&grown_all, less, memory_order_relaxed);
   *max = heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)batch_of(cls);
 }
+
+
 
 /* The cache of cls ran dry: if it overflowed since it last did, it may
  * hold twice as many, as far as the bounds allow. */
@@ -450,14 +462,17 @@ static void cache_grow(hak_heap_t *heap, size_t cls) {
   size_t bs = hak_class_size[cls], more = (size_t)*max * bs; /* doubles */
   if (*max * bs + more > CACHE_CLASS_BYTES) more = CACHE_CLASS_BYTES - *max * bs;
   if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
+  size_t all = atomic_load_explicit(&grown_all, memory_order_relaxed);
+  if (all + more > CACHE_ALL_BYTES) more = all < CACHE_ALL_BYTES ? CACHE_ALL_BYTES - all : 0;
   unsigned n = (unsigned)(more / bs);
   *max = (uint16_t)(*max + n);
   heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)(heap->span_room[cls - HAK_SLAB_CLASSES] + n);
   heap->span_grown += (size_t)n * bs;
+  atomic_fetch_add_explicit(&grown_all, (size_t)n * bs, memory_order_relaxed);
 }
 
 /* Gives every block of the heap's caches in `mask` (bit c: span class
- * HAK_SLAB_CLASSES + c) back to the page heap; those caches shrink. */
+ * HAK_SLAB_CLASSES + c) back to the page heap. */
 static void caches_give(hak_heap_t *heap, uint64_t mask) {
   uint64_t now = hak_clock_ms();
   pthread_mutex_lock(&hak_span_lock);
@@ -470,19 +485,9 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t c = (size_t)__builtin_ctzll(m);
     heap->seen[c] = NULL;
-    cache_shrink(heap, HAK_SLAB_CLASSES + c);
+    heap->span_room[c] = heap->draining ? 0 : heap->span_max[c];
   }
   hak_purge_wake();
-}
-
-/* The thread frees and takes no span: its caches go back and hold nothing
- * (every free overflows) until its next refill. */
-static void drain(hak_heap_t *heap) {
-  hak_span_flush(heap);
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_max[c] = heap->span_room[c] = 0;
-  heap->span_grown = 0;
-  heap->span_overflowed = 0;
-  heap->span_draining = 1;
 }
 
 void hak_span_flush(hak_heap_t *heap) {
@@ -490,6 +495,25 @@ void hak_span_flush(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
     if (heap->free[HAK_SLAB_CLASSES + c]) mask |= UINT64_C(1) << c;
   if (mask) caches_give(heap, mask);
+}
+
+/* The thread frees and takes no span: its caches go back and take no
+ * block (every free goes to the page heap) until its next refill. */
+static void drain(hak_heap_t *heap) {
+  heap->draining = 1;
+  hak_span_flush(heap);
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = 0;
+}
+
+static void drain_end(hak_heap_t *heap) {
+  heap->draining = 0;
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
+}
+
+void hak_span_heap_done(hak_heap_t *heap) {
+  hak_span_flush(heap);
+  atomic_fetch_sub_explicit(&grown_all, heap->span_grown, memory_order_relaxed);
+  heap->span_grown = 0;
 }
 
 /* free's fast path found the block at p (in span segment seg) not a block
@@ -511,6 +535,13 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     hak_span_push(heap, cls, b);
     return;
   }
+  if (heap->draining) { /* the cache is empty */
+    hak_block_check_free(b, hak_class_size[cls]);
+    HAK_CSTAT_FREE(cls);
+    hak_set_next(b, NULL);
+    give_list(b);
+    return;
+  }
   /* Full: the batch freed last, this block first, goes back. */
   unsigned n = cache_count(heap, cls) + 1;
   if (n > batch_of(cls)) n = batch_of(cls);
@@ -525,7 +556,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   heap->span_overflowed |= UINT64_C(1) << c;
   give_list(b);
   heap->span_given_in_row += (size_t)n * hak_class_size[cls];
-  if (!heap->span_draining && heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
+  if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
   hak_purge_start();
 }
 
@@ -539,7 +570,9 @@ static void retire_idle(hak_heap_t *heap) {
     if (list != NULL && list == heap->seen[c]) mask |= UINT64_C(1) << c;
     heap->seen[c] = list;
   }
-  if (mask) caches_give(heap, mask);
+  if (mask == 0) return;
+  caches_give(heap, mask);
+  for (; mask; mask &= mask - 1) cache_shrink(heap, HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(mask));
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
@@ -585,10 +618,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   HAK_SLOW_BEGIN();
   HAK_STAT_ADD(refills, 1);
   heap->span_given_in_row = 0;
-  if (heap->span_draining) {
-    heap->span_draining = 0;
-    hak_span_heap_init(heap);
-  }
+  if (heap->draining) drain_end(heap);
   if (++heap->span_refills % IDLE_CHECK_REFILLS == 0) retire_idle(heap);
   cache_grow(heap, cls);
   /* Out of memory: once, give back what waits for a purge, in a cache or

@@ -208,7 +208,7 @@ struct hak_heap_s {
   size_t span_grown;
   uint64_t span_overflowed;
   size_t span_given_in_row; /* by overflows, with no span refill between */
-  uint8_t span_draining;    /* see DRAIN_BYTES (span.c) */
+  uint8_t draining;         /* see DRAIN_BYTES (span.c) */
   /* free[c] of a slab class is a run of never-used blocks of zero memory:
    * calloc need not clear them (only their link words were written); of a
    * span class, the blocks its last refill took were. */

@@ -920,6 +920,54 @@ TEST(span_freed_by_another_thread_goes_to_its_cache_and_back_at_exit) {
   CHECK(malloc(50000) == r.p);
 }
 
+/* Grows this thread's caches of three classes as far as they go: each
+ * round overflows them, then runs them dry. */
+static void grow_span_caches(void) {
+  enum { N = 16 };
+  static const size_t sizes[] = {131072, 196608, 262144};
+  void *ps[3][N];
+  for (int round = 0; round < 8; round++) {
+    for (int i = 0; i < N; i++)
+      for (int k = 0; k < 3; k++) ps[k][i] = malloc(sizes[k]);
+    for (int i = 0; i < N; i++)
+      for (int k = 0; k < 3; k++) free(ps[k][i]);
+  }
+}
+
+static pthread_barrier_t grown, checked;
+
+static void *grow_and_wait(void *arg) {
+  grow_span_caches();
+  *(size_t *)arg = hak_tls_heap->span_grown;
+  pthread_barrier_wait(&grown);
+  pthread_barrier_wait(&checked);
+  return NULL;
+}
+
+/* A thread's caches grow by 4 MiB at most, every thread's by 64 MiB, and
+ * a thread's growth goes with it when it exits. */
+TEST(span_caches_of_all_threads_grow_within_a_bound) {
+  enum { T = 24 };
+  pthread_t t[T];
+  size_t each[T];
+  size_t before = hak_span_cache_growth();
+  pthread_barrier_init(&grown, NULL, T + 1);
+  pthread_barrier_init(&checked, NULL, T + 1);
+  for (int i = 0; i < T; i++) REQUIRE(pthread_create(&t[i], NULL, grow_and_wait, &each[i]) == 0);
+  pthread_barrier_wait(&grown);
+  size_t all = hak_span_cache_growth() - before, sum = 0, most = 0;
+  for (int i = 0; i < T; i++) {
+    sum += each[i];
+    if (each[i] > most) most = each[i];
+  }
+  CHECK_MSG(most <= (size_t)4 << 20 && most > (size_t)7 << 19, "the most a thread grew: %zu", most);
+  CHECK_MSG(all == sum && all <= (size_t)64 << 20 && all > (size_t)60 << 20, "%zu, sum %zu", all,
+            sum);
+  pthread_barrier_wait(&checked);
+  for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
+  CHECK(hak_span_cache_growth() == before);
+}
+
 /* A cache that has not moved for a while goes back to the page heap,
  * while another class refills. */
 TEST(idle_span_cache_goes_back_to_the_page_heap) {
