@@ -13,8 +13,9 @@
   X(verbose, "VERBOSE", 0, 0, 1,                                               \
     "Print the version, build flags and every option's value at start-up.")    \
   X(purge_delay_ms, "PURGE_DELAY_MS", 500, 0, 3600000,                         \
-    "Milliseconds a free slab, segment or cached large block stays committed " \
-    "before its memory is returned to the OS (0: at once).")                   \
+    "Milliseconds a free slab, free span pages, a segment or a cached large "  \
+    "block stay committed before their memory is returned to the OS (0: at "  \
+    "once).")                                                                  \
   X(purge_thread, "PURGE_THREAD", 1, 0, 1,                                     \
     "Return memory on time from a background thread even when the program "   \
     "stops calling malloc (1); 0 purges only during allocation.")              \
