@@ -11,21 +11,16 @@
  * the page heap. A cache that runs dry takes a batch and may grow: it ends
  * up holding what the thread's use of the class swings by, so that a
  * steady program stops going to the page heap. The page heap is global,
- * under one lock taken once per batch:
- * free runs of pages, split to serve a block and merged with their free
- * neighbours when one comes back, found by best fit in bins by length,
- * runs with committed pages first. A run idle for the purge delay is
- * purged, and a segment all free goes back to the segment cache. */
+ * under one lock taken once per batch: free runs of pages, split to serve
+ * a block and merged with their free neighbours of alike memory when one
+ * comes back (the page words in a segment's header name them), found by
+ * best fit in bins by length, runs with committed pages first. A run idle
+ * for the purge delay is purged, and a segment with no block left goes
+ * back to the segment cache. */
 #define _GNU_SOURCE /* PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP */
 #include "internal.h"
 
 pthread_mutex_t hak_span_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
-
-/* Page words: see HAK_PAGE_USED. */
-#define PAGE_FREE HAK_PAGE_FREE
-#define PAGE_USED HAK_PAGE_USED
-#define PAGE_TAIL HAK_PAGE_TAIL
-#define PAGE_TAG HAK_PAGE_TAG
 
 /* What a free run's memory is. Only alike runs merge (see runs_alike). */
 enum {
@@ -101,7 +96,9 @@ static inline uint8_t *page_addr(hak_segment_t *seg, unsigned page) {
 }
 static inline unsigned page_index(const void *p) { return hak_span_page_index(p); }
 static inline unsigned word_pages(uint64_t w) { return (unsigned)(w >> 16); }
-static inline run_t *run_of(uint64_t word) { return (run_t *)(uintptr_t)(word & ~(uint64_t)PAGE_TAG); }
+static inline run_t *run_of(uint64_t word) {
+  return (run_t *)(uintptr_t)(word & ~(uint64_t)HAK_PAGE_TAG);
+}
 static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_PAGE_SHIFT; }
 
 /* ---- run records ---- */
@@ -178,7 +175,7 @@ static void bin_remove(run_t *r) {
 
 /* The run's first and last pages name it. */
 static void run_mark(run_t *r) {
-  uint64_t w = (uint64_t)(uintptr_t)r | PAGE_FREE;
+  uint64_t w = (uint64_t)(uintptr_t)r | HAK_PAGE_FREE;
   r->seg->span.page[r->first] = w;
   r->seg->span.page[r->first + r->pages - 1] = w;
 }
@@ -241,7 +238,7 @@ static void segment_release(run_t *r) {
   run_mark(r);
   for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
     run_t *x = run_of(seg->span.page[i]);
-    HAK_ASSERT((seg->span.page[i] & PAGE_TAG) == PAGE_FREE && x->first == i);
+    HAK_ASSERT((seg->span.page[i] & HAK_PAGE_TAG) == HAK_PAGE_FREE && x->first == i);
     if (x != r) bin_remove(x);
     zero &= x->state != RUN_DIRTY;
     purged &= x->state == RUN_PURGED;
@@ -261,8 +258,8 @@ static void segment_release(run_t *r) {
 /* ---- the page heap (all under hak_span_lock) ---- */
 
 static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls) {
-  seg->span.page[first] = (uint64_t)pages << 16 | (uint64_t)cls << 8 | PAGE_USED;
-  if (pages > 1) seg->span.page[first + pages - 1] = PAGE_TAIL;
+  seg->span.page[first] = (uint64_t)pages << 16 | (uint64_t)cls << 8 | HAK_PAGE_USED;
+  if (pages > 1) seg->span.page[first + pages - 1] = HAK_PAGE_TAIL;
 }
 
 /* The first n pages of run r (out of its bin) are taken; the rest, if any,
@@ -330,7 +327,7 @@ static void run_absorb(run_t *r, run_t *o) {
 static bool run_settle(run_t *r, bool keep_last) {
   uint64_t *pg = r->seg->span.page;
   unsigned first = r->first, end = first + r->pages;
-  if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & PAGE_TAG) == PAGE_FREE) {
+  if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
     run_t *left = run_of(pg[first - 1]);
     if (runs_alike(left, r)) {
       bin_remove(left);
@@ -339,7 +336,7 @@ static bool run_settle(run_t *r, bool keep_last) {
       run_absorb(r, left);
     }
   }
-  if (end < HAK_SPAN_PAGES && (pg[end] & PAGE_TAG) == PAGE_FREE) {
+  if (end < HAK_SPAN_PAGES && (pg[end] & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
     run_t *right = run_of(pg[end]);
     if (runs_alike(right, r)) {
       bin_remove(right);
@@ -371,7 +368,7 @@ static void block_give(void *p, uint64_t now) {
   hak_segment_t *seg = (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
   unsigned first = page_index(p);
   uint64_t w = seg->span.page[first];
-  HAK_ASSERT((w & PAGE_TAG) == PAGE_USED);
+  HAK_ASSERT((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
   pages_give(seg, first, word_pages(w), now);
 }
 
@@ -404,7 +401,7 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
     unsigned j = i;
     while (j > HAK_SPAN_FIRST_PAGE && seg->span.page[j] == 0) j--;
     uint64_t w = seg->span.page[j];
-    if ((w & PAGE_TAG) == PAGE_FREE) {
+    if ((w & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
       run_t *r = run_of(w);
       freed = r->first <= i && i < r->first + r->pages && r->state != RUN_ZERO;
     }
@@ -434,11 +431,14 @@ void hak_span_heap_init(hak_heap_t *heap) {
     heap->span_max[c] = heap->span_room[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
 }
 
-size_t hak_span_cache_growth(void) { return atomic_load_explicit(&grown_all, memory_order_relaxed); }
+size_t hak_span_cache_growth(void) {
+  return atomic_load_explicit(&grown_all, memory_order_relaxed);
+}
 
 /* Blocks in the heap's cache of cls. */
 static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
-  return (unsigned)(heap->span_max[cls - HAK_SLAB_CLASSES] - heap->span_room[cls - HAK_SLAB_CLASSES]);
+  size_t c = cls - HAK_SLAB_CLASSES;
+  return (unsigned)(heap->span_max[c] - heap->span_room[c]);
 }
 
 /* The cache of cls, empty, is back to its first bound. */
@@ -572,7 +572,8 @@ static void retire_idle(hak_heap_t *heap) {
   }
   if (mask == 0) return;
   caches_give(heap, mask);
-  for (; mask; mask &= mask - 1) cache_shrink(heap, HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(mask));
+  for (; mask; mask &= mask - 1)
+    cache_shrink(heap, HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(mask));
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
@@ -584,8 +585,8 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
   unsigned got = 0;
   pthread_mutex_lock(&hak_span_lock);
   while (got < n) {
-    bool c;
-    hak_block_t *b = block_take(cls, &c);
+    bool zero;
+    hak_block_t *b = block_take(cls, &zero);
     if (b == NULL) {
       if (got > 0) break;
       pthread_mutex_unlock(&hak_span_lock);
@@ -596,7 +597,7 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
       continue;
     }
     got++;
-    clean &= c;
+    clean &= zero;
     hak_set_next(b, NULL);
     if (tail) hak_set_next(tail, b);
     else head = b;
@@ -604,7 +605,8 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
   }
   pthread_mutex_unlock(&hak_span_lock);
   heap->free[cls] = head;
-  heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)(heap->span_max[cls - HAK_SLAB_CLASSES] - got);
+  size_t c = cls - HAK_SLAB_CLASSES;
+  heap->span_room[c] = (uint16_t)(heap->span_max[c] - got);
   heap->clean[cls] = clean;
   return got;
 }
@@ -649,7 +651,7 @@ static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls
   } else {
     uint64_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
     run_t *r = run_of(w);
-    done = (w & PAGE_TAG) == PAGE_FREE && r->pages >= m - n;
+    done = (w & HAK_PAGE_TAG) == HAK_PAGE_FREE && r->pages >= m - n;
     if (done) {
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;
@@ -718,13 +720,13 @@ void hak_span_usage(hak_usage_t *u) {
   for (hak_segment_t *seg = segments; seg; seg = seg->next) {
     for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
       uint64_t w = seg->span.page[i];
-      if ((w & PAGE_TAG) == PAGE_FREE) {
+      if ((w & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
         run_t *r = run_of(w);
         if (r->state == RUN_DIRTY) u->cached_bytes += run_bytes(r);
         i += r->pages;
         continue;
       }
-      HAK_ASSERT((w & PAGE_TAG) == PAGE_USED);
+      HAK_ASSERT((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
       size_t cls = hak_span_word_class(w);
       u->blocks_used[cls]++;
       u->used_bytes += hak_class_size[cls];
