@@ -243,9 +243,9 @@ void hak_slab_collect_remote(hak_slab_t *slab);
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
 /* A FULL slab of heap has free blocks again: back to its class's queue. */
 void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab);
-/* malloc's miss: refills the heap's list of cls (creating a new thread's
- * heap first) and pops a block for a request of size; NULL with ENOMEM
- * when out of memory. */
+/* malloc's miss for a slab class: refills the heap's list of cls
+ * (creating a new thread's heap first) and pops a block for a request of
+ * size; NULL with ENOMEM when out of memory. */
 HAK_NOINLINE void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls);
 /* Puts the heap's list for cls back onto its current slab (the list holds
  * only that slab's blocks); returns that slab, or NULL. */

@@ -304,7 +304,8 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   seg->zero_units = (seg->zero_units & ~run) | zero;
   bool was_full = seg->free_units == 0;
   seg->free_units |= run;
-  if (was_full && heap != NULL && seg->heap == heap) { /* (not when it is being abandoned) */
+  if (was_full && heap != NULL &&
+      atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap) { /* not being abandoned */
     heap_list_remove(heap, seg);
     heap_list_place(heap, seg);
   }
@@ -366,11 +367,9 @@ static hak_segment_t *segment_new(void) {
   return seg;
 }
 
-/* A segment with nothing in it, from the cache or new, for the span tier;
- * NULL when out of memory. *zero: its memory past the header is zero;
- * *purged: and none of it counts as committed (all of it was purged).
- * Units purged in part of it count as committed again from here on. */
-hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged) {
+/* An empty segment: the one cached last, or a new one (*fresh); NULL when
+ * out of memory. */
+static hak_segment_t *segment_get(bool *fresh) {
   pthread_mutex_lock(&hak_segment_lock);
   hak_segment_t *seg = cache;
   if (seg) {
@@ -378,8 +377,18 @@ hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged) {
     cache_count--;
   }
   pthread_mutex_unlock(&hak_segment_lock);
-  if (seg == NULL) {
-    seg = segment_new();
+  *fresh = seg == NULL;
+  return seg ? seg : segment_new();
+}
+
+/* A segment with nothing in it, from the cache or new, for the span tier;
+ * NULL when out of memory. *zero: its memory past the header is zero;
+ * *purged: and none of it counts as committed (all of it was purged).
+ * Units purged in part of it count as committed again from here on. */
+hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged) {
+  bool fresh;
+  hak_segment_t *seg = segment_get(&fresh);
+  if (seg == NULL || fresh) {
     *zero = true;
     *purged = false;
     return seg;
@@ -532,15 +541,8 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
     bool ours = segment_adopt(heap, seg);
     return ours && units_find(seg, n, &at, &score) ? units_take(heap, seg, at, n) : NULL;
   }
-  pthread_mutex_lock(&hak_segment_lock);
-  seg = cache;
-  if (seg) {
-    cache = seg->next;
-    cache_count--;
-  }
-  pthread_mutex_unlock(&hak_segment_lock);
-  bool fresh = seg == NULL;
-  if (fresh) seg = segment_new();
+  bool fresh;
+  seg = segment_get(&fresh);
   if (seg == NULL) return NULL;
   segment_init(seg, fresh);
   heap_link(heap, seg);

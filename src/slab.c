@@ -388,7 +388,6 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
  * purger thread, a new thread's sentinel heap (its queues are empty) and
  * everything else go the long way. */
 void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
-  if (hak_class_is_span(cls)) return hak_span_refill(size, heap, cls);
   hak_slab_t *slab = heap->queue[cls].first;
   hak_block_t *list;
   if (HAK_UNLIKELY(slab == NULL || (list = slab->local_free) == NULL ||

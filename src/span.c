@@ -523,32 +523,25 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   size_t cls = block_class(seg, p), c = cls - HAK_SLAB_CLASSES;
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
-  if (heap == &hak_heap_empty && (heap = hak_heap_get()) == NULL) {
-    hak_block_check_free(b, hak_class_size[cls]);
-    HAK_CSTAT_FREE(cls);
+  if (heap->free[cls] == b) hak_double_free(b); /* the sentinel's lists are empty */
+  hak_block_check_free(b, hak_class_size[cls]);
+  HAK_CSTAT_FREE(cls);
+  if (heap == &hak_heap_empty) heap = hak_heap_get();
+  if (heap == NULL || heap->draining) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
     return;
   }
-  if (heap->free[cls] == b) hak_double_free(b);
+  unsigned n = cache_count(heap, cls) + 1; /* with b */
+  hak_set_next(b, heap->free[cls]);
+  heap->free[cls] = b;
   if (heap->span_room[c] != 0) { /* the heap was new */
-    hak_span_push(heap, cls, b);
-    return;
-  }
-  if (heap->draining) { /* the cache is empty */
-    hak_block_check_free(b, hak_class_size[cls]);
-    HAK_CSTAT_FREE(cls);
-    hak_set_next(b, NULL);
-    give_list(b);
+    heap->span_room[c]--;
     return;
   }
   /* Full: the batch freed last, this block first, goes back. */
-  unsigned n = cache_count(heap, cls) + 1;
   if (n > batch_of(cls)) n = batch_of(cls);
-  hak_block_check_free(b, hak_class_size[cls]);
-  HAK_CSTAT_FREE(cls);
   hak_block_t *last = b;
-  hak_set_next(b, heap->free[cls]);
   for (unsigned i = 1; i < n; i++) last = hak_next(last);
   heap->free[cls] = hak_next(last);
   hak_set_next(last, NULL);
