@@ -167,6 +167,9 @@ HAK_NOINLINE void hak_free_generic(void *p) {
     check_block_shared(seg, slab, p);
     hak_block_check_free(p, slab->block_size);
     HAK_CSTAT_FREE(slab->cls);
+    if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&
+        hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
+      return;
     if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
       free_remote_batched(heap, slab, (hak_block_t *)p);
     else

@@ -10,20 +10,30 @@ __thread hak_heap_t *hak_tls_heap = &hak_heap_empty;
 pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static hak_heap_t *heaps_live;
+static hak_heap_t *heaps_parked; /* LIFO: the one parked last is warmest */
 static hak_heap_t *heaps_pool;
 static uint8_t *pool_cursor;
 static size_t pool_left;
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
-/* A new heap for the thread of token; *stale is set to a live heap left
- * with the same token by a dead thread whose pointer this one reuses. */
-static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
+/* A heap for the thread of token: the heap parked last (*unparked), else
+ * a new one; *stale is set to a live heap left with the same token by a
+ * dead thread whose pointer this one reuses. */
+static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale, bool *unparked) {
   pthread_mutex_lock(&hak_heaps_lock);
   *stale = NULL;
   for (hak_heap_t *l = heaps_live; l; l = l->next)
     if (l->token == token) *stale = l;
-  hak_heap_t *h = heaps_pool;
+  hak_heap_t *h = heaps_parked;
+  *unparked = h != NULL;
+  if (h) {
+    heaps_parked = h->parked_next;
+    h->token = token;
+    pthread_mutex_unlock(&hak_heaps_lock);
+    return h;
+  }
+  h = heaps_pool;
   if (h) {
     heaps_pool = h->next;
   } else {
@@ -60,12 +70,24 @@ static void heap_struct_free(hak_heap_t *h) {
   pthread_mutex_unlock(&hak_heaps_lock);
 }
 
+/* A parked heap's ACTIVE slabs take the new thread's token. */
+static void heap_unpark(hak_heap_t *h) {
+  pthread_mutex_lock(&h->lock);
+  __atomic_store_n(&h->parked, false, __ATOMIC_RELAXED);
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
+    for (hak_slab_t *s = h->queue[c].first; s; s = s->next)
+      atomic_store_explicit(&s->owner, h->token, memory_order_relaxed);
+  pthread_mutex_unlock(&h->lock);
+}
+
 hak_heap_t *hak_heap_get(void) {
   hak_heap_t *h = hak_tls_heap;
   if (h != &hak_heap_empty) return h;
   hak_process_init();
   hak_heap_t *stale;
-  h = heap_struct_alloc(hak_thread_token(), &stale);
+  bool unparked;
+  h = heap_struct_alloc(hak_thread_token(), &stale, &unparked);
+  if (unparked) heap_unpark(h);
   if (h != NULL) hak_tls_heap = h; /* first: retiring may allocate */
   /* Its slabs would pass our free's owner test: a thread that allocated
    * again after its exit handler ran (or exited before the key existed)
@@ -78,16 +100,133 @@ hak_heap_t *hak_heap_get(void) {
   return h;
 }
 
-void hak_heap_done(hak_heap_t *heap) {
-  if (heap == &hak_heap_empty) return;
+/* Its segments go to the abandoned list, its struct to the pool. */
+static void heap_retire(hak_heap_t *heap) {
   hak_free_flush_outboxes(heap);
   hak_span_heap_done(heap);
   pthread_mutex_lock(&heap->lock);
+  __atomic_store_n(&heap->parked, false, __ATOMIC_RELAXED);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
   heap_struct_free(heap);
+}
+
+/* Takes the parked heaps off their list: all of them, or those parked for
+ * the purge delay, or just `one`; the caller retires them, holding no lock. */
+static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
+  hak_heap_t *out = NULL;
+  for (hak_heap_t **pp = &heaps_parked; *pp;) {
+    hak_heap_t *h = *pp;
+    if (one ? h == one
+            : all || now - h->parked_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
+      *pp = h->parked_next;
+      h->parked_next = out;
+      out = h;
+    } else {
+      pp = &h->parked_next;
+    }
+  }
+  return out;
+}
+
+static void parked_retire(hak_heap_t *list) {
+  while (list) {
+    hak_heap_t *next = list->parked_next;
+    heap_retire(list);
+    list = next;
+  }
+}
+
+/* Slabs of the heap with blocks in use, their remote frees collected. */
+static uint32_t slabs_live(hak_heap_t *heap) {
+  uint32_t n = 0;
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
+    for (hak_slab_t *s = heap->queue[c].first; s; s = s->next) {
+      hak_slab_collect_remote(s);
+      n += s->used != 0;
+    }
+    for (hak_slab_t *s = heap->full[c].first; s; s = s->next) n += s->used != 0;
+  }
+  return n;
+}
+
+/* A thread that exits with blocks in use leaves its heap whole, slabs and
+ * segments, for the next new thread: threads that come and go, handing
+ * their blocks on (a server's workers), then reuse one set of slabs instead
+ * of each starting its own while the last one's are still committed. The
+ * heap owns nothing while parked: its slabs' owner is 0, and frees into
+ * them take the heap's lock. It retires (its segments are abandoned, the
+ * empty ones cached) when its last block is freed, or after the purge
+ * delay (the purger's job: without the purger, and for a heap with no
+ * block in use, it retires at once). */
+static void heap_park(hak_heap_t *heap) {
+  hak_free_flush_outboxes(heap);
+  hak_span_heap_done(heap);
+  pthread_mutex_lock(&heap->lock);
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
+    hak_heap_return_list(heap, c);
+    for (hak_slab_t *s = heap->queue[c].first; s; s = s->next)
+      atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
+  }
+  heap->parked_live = slabs_live(heap);
+  bool parked = heap->parked_live != 0;
+  __atomic_store_n(&heap->parked, parked, __ATOMIC_RELAXED); /* free reads it unlocked */
+  pthread_mutex_unlock(&heap->lock);
+  if (!parked) {
+    heap_retire(heap);
+    return;
+  }
+  if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
+  pthread_mutex_lock(&hak_heaps_lock);
+  heap->token = 0;
+  heap->parked_since_ms = hak_clock_ms();
+  heap->parked_next = heaps_parked;
+  heaps_parked = heap;
+  pthread_mutex_unlock(&hak_heaps_lock);
+  hak_purge_wake();
+}
+
+void hak_heap_done(hak_heap_t *heap) {
+  if (heap == &hak_heap_empty) return;
+  if (atomic_load_explicit(&hak_purge_running, memory_order_acquire)) heap_park(heap);
+  else heap_retire(heap);
+}
+
+/* Frees b as the heap's owner would, under its lock: a slab that empties
+ * goes back to its segment, but for its class's first (a new owner would
+ * take a slab for the class at once), and a heap that empties retires. */
+bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
+  pthread_mutex_lock(&heap->lock);
+  bool parked = heap->parked && atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap;
+  bool emptied = false;
+  if (parked) {
+    if (HAK_UNLIKELY(slab->local_free == b)) hak_double_free(b);
+    hak_slab_collect_remote(slab);
+    hak_set_next(b, slab->local_free);
+    slab->local_free = b;
+    slab->used--;
+    if (slab->state == HAK_SLAB_FULL) {
+      hak_slab_unfull(heap, slab);
+      atomic_store_explicit(&slab->owner, 0, memory_order_relaxed); /* not heap->token */
+    }
+    if (slab->used == 0) {
+      emptied = --heap->parked_live == 0;
+      if (heap->queue[slab->cls].first != slab) {
+        hak_queue_remove(&heap->queue[slab->cls], slab);
+        hak_segment_free_slab(heap, slab);
+      }
+    }
+  }
+  pthread_mutex_unlock(&heap->lock);
+  if (emptied) {
+    pthread_mutex_lock(&hak_heaps_lock);
+    hak_heap_t *h = parked_take(false, 0, heap); /* unless a new thread took it */
+    pthread_mutex_unlock(&hak_heaps_lock);
+    parked_retire(h);
+  }
+  return parked;
 }
 
 void hak_heap_collect(hak_heap_t *heap, bool force) {
@@ -151,8 +290,16 @@ void hak_heaps_usage(hak_usage_t *u) {
   hak_segment_usage_abandoned(u);
 }
 
+void hak_heaps_retire_parked(void) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  hak_heap_t *parked = parked_take(true, 0, NULL);
+  pthread_mutex_unlock(&hak_heaps_lock);
+  parked_retire(parked);
+}
+
 bool hak_release_all(void) {
   size_t before = atomic_load(&hak_gstats.os_returned);
+  hak_heaps_retire_parked();
   hak_heap_collect(hak_tls_heap, true);
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
@@ -181,15 +328,19 @@ bool hak_heaps_purge_due(uint64_t now) {
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);
   }
+  hak_heap_t *expired = parked_take(false, now, NULL);
+  pending |= heaps_parked != NULL;
   pthread_mutex_unlock(&hak_heaps_lock);
+  parked_retire(expired);
   return pending;
 }
 
 void hak_heaps_abandon_others(hak_heap_t *keep) {
+  heaps_parked = NULL;
   hak_heap_t *h = heaps_live;
   while (h) {
     hak_heap_t *next = h->next;
-    if (h != keep) hak_heap_done(h);
+    if (h != keep) heap_retire(h);
     h = next;
   }
 }

@@ -450,8 +450,6 @@ static void cache_shrink(hak_heap_t *heap, size_t cls) {
   *max = heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)batch_of(cls);
 }
 
-
-
 /* The cache of cls ran dry: if it overflowed since it last did, it may
  * hold twice as many, as far as the bounds allow. */
 static void cache_grow(hak_heap_t *heap, size_t cls) {
@@ -510,10 +508,18 @@ static void drain_end(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
 }
 
+/* The caches go back, and their bounds and counts are a new heap's (a
+ * parked heap serves a new thread next). */
 void hak_span_heap_done(hak_heap_t *heap) {
   hak_span_flush(heap);
   atomic_fetch_sub_explicit(&grown_all, heap->span_grown, memory_order_relaxed);
   heap->span_grown = 0;
+  heap->span_overflowed = 0;
+  heap->span_given_in_row = 0;
+  heap->span_refills = 0;
+  heap->draining = 0;
+  memset(heap->seen, 0, sizeof heap->seen);
+  hak_span_heap_init(heap);
 }
 
 /* free's fast path found the block at p (in span segment seg) not a block

@@ -227,6 +227,12 @@ struct hak_heap_s {
   pthread_mutex_t lock;
   uintptr_t token; /* its thread's hak_thread_token: the owner of its ACTIVE slabs */
   hak_heap_t *next, *prev; /* all live heaps */
+  /* Parked: its thread exited and it waits, whole, for a new thread
+   * (under `lock`; free reads it unlocked as a hint). */
+  bool parked;
+  uint32_t parked_live; /* its slabs with blocks in use, while parked */
+  hak_heap_t *parked_next;
+  uint64_t parked_since_ms;
 };
 
 #endif

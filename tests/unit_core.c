@@ -1363,6 +1363,78 @@ TEST(new_thread_retires_heap_left_with_its_thread_pointer) {
   free(a.p);
 }
 
+/* ---- threads: parked heaps ---- */
+
+TEST(exited_threads_heap_serves_the_next_thread) {
+  hak_opt.purge_delay_ms = 100000; /* the parked heap stays */
+  start_purger();
+  void *ps[100];
+  run_thread(alloc_and_exit, ps);
+  hak_segment_t *seg = hak_segment_of(ps[0]);
+  hak_heap_t *parked = atomic_load(&seg->heap);
+  hak_slab_t *slab = slab_of_ptr(ps[0]);
+  CHECK(parked != NULL && parked != hak_tls_heap); /* parked, not abandoned */
+  CHECK(slab->state == HAK_SLAB_ACTIVE && atomic_load(&slab->owner) == 0);
+  size_t live = hak_stats_live_blocks();
+  uint32_t used = slab->used;
+  free(ps[0]); /* freed as the owner would, under the heap's lock */
+  CHECK(hak_stats_live_blocks() == live - 1);
+  CHECK(atomic_load(&seg->heap) == parked);
+  CHECK(slab->local_free == ps[0] && slab->used == used - 1);
+  void *q;
+  run_thread(alloc_one, &q);
+  CHECK(hak_segment_of(q) == seg);       /* the new thread took the heap */
+  CHECK(atomic_load(&slab->owner) == 0); /* and parked it again */
+  for (int i = 1; i < 100; i++) free(ps[i]);
+  free(q);
+  CHECK(hak_stats_live_blocks() == live - 100);
+}
+
+TEST(parked_heap_retires_when_its_last_block_is_freed) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *ps[100];
+  run_thread(alloc_and_exit, ps);
+  hak_segment_t *seg = hak_segment_of(ps[0]);
+  REQUIRE(atomic_load(&seg->heap) != NULL);
+  for (int i = 0; i < 99; i++) free(ps[i]);
+  CHECK(atomic_load(&seg->heap) != NULL); /* one block left: still parked */
+  free(ps[99]);
+  CHECK(atomic_load(&seg->heap) == NULL); /* retired: its empty segment cached */
+  CHECK(seg->free_units == UINT64_MAX);
+}
+
+/* A thread's 100 blocks, all but the last freed here: its heap stays parked. */
+static void *one_block_of_exited_thread(void) {
+  void *ps[100];
+  run_thread(alloc_and_exit, ps);
+  for (int i = 0; i < 99; i++) free(ps[i]);
+  return ps[99];
+}
+
+TEST(parked_heap_retires_after_the_purge_delay) {
+  hak_opt.purge_delay_ms = 20;
+  start_purger();
+  void *p = one_block_of_exited_thread();
+  hak_segment_t *seg = hak_segment_of(p);
+  REQUIRE(atomic_load(&seg->heap) != NULL);
+  for (int i = 0; i < 300 && atomic_load(&seg->heap) != NULL; i++) usleep(10000);
+  CHECK(atomic_load(&seg->heap) == NULL); /* abandoned */
+  free(p);
+}
+
+TEST(collect_retires_parked_heaps) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *p = one_block_of_exited_thread();
+  hak_segment_t *seg = hak_segment_of(p);
+  hak_heap_t *parked = atomic_load(&seg->heap);
+  REQUIRE(parked != NULL && parked != hak_tls_heap);
+  hak_collect(true); /* retires it: this thread takes the abandoned segment */
+  CHECK(atomic_load(&seg->heap) == hak_tls_heap);
+  free(p);
+}
+
 static void *alloc_1000_and_exit(void *arg) {
   void **ps = arg;
   for (int i = 0; i < 1000; i++) ps[i] = malloc(64);
@@ -1403,7 +1475,8 @@ TEST(thread_churn_reuses_segments) {
 static pthread_barrier_t both_allocated;
 
 /* Writes blocks in a segment of its own, waits until the other thread has
- * too, frees them and exits: its segment, all free, goes to the cache. */
+ * too, frees them and exits: its segment, all free, goes to the cache once
+ * its heap retires. */
 static void *fill_and_exit_together(void *arg) {
   enum { N = 64 };
   void *ps[N];
@@ -1424,6 +1497,7 @@ TEST(segment_cache_keeps_only_the_last_segment_committed) {
     REQUIRE(pthread_create(&t[i], NULL, fill_and_exit_together, &slab[i]) == 0);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
   pthread_barrier_destroy(&both_allocated);
+  hak_heaps_retire_parked(); /* the heaps go, and their empty segments to the cache */
   REQUIRE(hak_segment_of_slab(slab[0]) != hak_segment_of_slab(slab[1]));
   REQUIRE(slab[0]->state == HAK_SLAB_FREE && slab[1]->state == HAK_SLAB_FREE);
   /* whichever exited first was purged when the other's segment came */
