@@ -12,7 +12,7 @@
     "Print a statistics report to stderr at exit (1) or not (0).")             \
   X(verbose, "VERBOSE", 0, 0, 1,                                               \
     "Print the version, build flags and every option's value at start-up.")    \
-  X(purge_delay_ms, "PURGE_DELAY_MS", 500, 0, 3600000,                         \
+  X(purge_delay_ms, "PURGE_DELAY_MS", 100, 0, 3600000,                         \
     "Milliseconds a free slab, free span pages, a segment or a cached large "  \
     "block stay committed before their memory is returned to the OS (0: at "  \
     "once).")                                                                  \
@@ -29,7 +29,7 @@
 
 /* Profiles set these defaults; an explicitly set variable wins. */
 #define HAK_PROFILES(X)                                                        \
-  X("balanced", 500, 8, 128, "The default: short purge delay, moderate caches.") \
+  X("balanced", 100, 8, 128, "The default: short purge delay, moderate caches.") \
   X("throughput", 5000, 32, 512, "Long purge delay and large caches: fewest syscalls.") \
   X("lowmem", 0, 0, 0, "Return memory at once; no caches.")
 
