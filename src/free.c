@@ -53,8 +53,9 @@ static void hand_over(hak_slab_t *slab, hak_block_t *first, hak_block_t *last, b
   if (owner == NULL) {
     hak_purge_wake();
     if (start) hak_purge_start();
-  } else if (hak_slab_state(slab) == HAK_SLAB_FULL) {
-    atomic_store(&owner->full_remote, 1);
+  } else if (hak_slab_state(slab) == HAK_SLAB_FULL &&
+             atomic_exchange(&owner->full_remote, 1) == 0) {
+    hak_purge_wake(); /* the owner may be idle: hak_slab_release_idle_full */
   }
 }
 
@@ -145,10 +146,12 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
   HAK_ASSERT(slab->state == HAK_SLAB_FULL);
   hak_block_t *b = (hak_block_t *)p;
+  pthread_mutex_lock(&heap->lock); /* FULL slabs are the purger's too */
   hak_set_next(b, slab->local_free);
   slab->local_free = b;
   slab->used--;
   hak_slab_unfull(heap, slab);
+  pthread_mutex_unlock(&heap->lock);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }
 

@@ -324,6 +324,7 @@ bool hak_heaps_purge_due(uint64_t now) {
       pending = true;
       continue;
     }
+    if (!h->parked) pending |= hak_slab_release_idle_full(h);
     if (h->next_purge_ms != 0 && now >= h->next_purge_ms) hak_segment_purge(h, false);
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);

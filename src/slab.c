@@ -227,9 +227,48 @@ bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
   return true;
 }
 
+/* FULL slabs are also the purger's (hak_slab_release_idle_full): their
+ * lists change under the heap's lock only. */
+static void slab_mark_full_locked(hak_heap_t *heap, hak_slab_t *slab) {
+  pthread_mutex_lock(&heap->lock);
+  slab_mark_full(heap, slab);
+  pthread_mutex_unlock(&heap->lock);
+}
+
+/* A heap whose thread has not refilled since the purger's last pass may
+ * not allocate again for long (a main thread waiting for its workers),
+ * while other threads free what it allocated: FULL slabs whose every
+ * block came back on the remote list go back to their segment. Under the
+ * heap's lock; the owner's FULL slabs change only under it. True if the
+ * heap has FULL slabs with remote frees but was not idle: look again. */
+bool hak_slab_release_idle_full(hak_heap_t *heap) {
+  uint32_t refills = __atomic_load_n(&heap->refills, __ATOMIC_RELAXED);
+  bool idle = refills == heap->refills_at_purge;
+  heap->refills_at_purge = refills;
+  if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return false;
+  if (!idle) return true;
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
+    for (hak_slab_t *s = heap->full[c].first, *next; s; s = next) {
+      next = s->next;
+      /* Blocks only join the list at its head, and none can after the
+       * last one of the slab: counting it needs no exchange first. */
+      uint32_t n = 0;
+      for (hak_block_t *b = atomic_load_explicit(&s->remote, memory_order_acquire);
+           b != NULL && n <= s->used; b = hak_next(b))
+        n++;
+      if (n != s->used) continue;
+      hak_slab_collect_remote(s);
+      hak_queue_remove(&heap->full[c], s);
+      hak_segment_free_slab(heap, s);
+    }
+  }
+  return false;
+}
+
 /* Moves FULL slabs of cls that received remote frees back to the queue. */
 static void heap_revive_full(hak_heap_t *heap) {
   if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return;
+  pthread_mutex_lock(&heap->lock);
   atomic_store(&heap->full_remote, 0);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     hak_slab_t *s = heap->full[c].first;
@@ -242,6 +281,7 @@ static void heap_revive_full(hak_heap_t *heap) {
       s = next;
     }
   }
+  pthread_mutex_unlock(&heap->lock);
 }
 
 /* The list head is cleared before the call: with the store after it,
@@ -303,6 +343,7 @@ static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
 static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
+  __atomic_store_n(&heap->refills, heap->refills + 1, __ATOMIC_RELAXED);
   /* Purges are the purger thread's job; without it, refills do them. */
   uint64_t purge_at = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED);
   if (HAK_UNLIKELY(purge_at != 0) &&
@@ -342,7 +383,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
         slab_detach(slab, slab->reserved);
         hak_queue_push_back(q, slab);
       } else {
-        slab_mark_full(heap, slab);
+        slab_mark_full_locked(heap, slab);
       }
       slab = next;
     }

@@ -220,6 +220,8 @@ struct hak_heap_s {
   uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
   hak_outbox_t outbox[HAK_SMALL_CLASSES]; /* see free_remote_batched */
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
+  uint32_t refills;          /* slab refills (the owner's), for the purger... */
+  uint32_t refills_at_purge; /* ...which saw this many at its last pass */
   uint32_t span_refills;    /* refills of span classes, for the idle check */
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap

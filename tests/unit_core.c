@@ -1363,6 +1363,21 @@ TEST(new_thread_retires_heap_left_with_its_thread_pointer) {
   free(a.p);
 }
 
+TEST(idle_threads_full_slabs_go_back_once_others_free_them) {
+  /* this thread allocates a few slabs' worth, then only waits (a main
+   * thread that handed its blocks to workers); a worker frees them */
+  start_purger();
+  enum { N = 200 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) ps[i] = malloc(1000);
+  hak_slab_t *first = slab_of_ptr(ps[0]);
+  REQUIRE(first->state == HAK_SLAB_FULL);
+  batch_t b = {ps, N};
+  run_thread(free_batch, &b);
+  for (int i = 0; i < 200 && first->state != HAK_SLAB_FREE; i++) usleep(10000);
+  CHECK_MSG(first->state == HAK_SLAB_FREE, "state %d", first->state);
+}
+
 /* ---- threads: parked heaps ---- */
 
 TEST(exited_threads_heap_serves_the_next_thread) {
