@@ -332,4 +332,47 @@ TEST_T(fork_while_threads_allocate, 120) {
   CHECK(atomic_load(&g_bg_ops) > 1000);
 }
 
+/* ---------- fork after threads exit leaving blocks (parked heaps) ---------- */
+
+TEST_T(fork_after_threads_exit_leaving_blocks, 60) {
+  enum { T = 4, ROUNDS = 3 };
+  for (int round = 0; round < ROUNDS; round++) {
+    pthread_t th[T];
+    void **res[T];
+    for (int t = 0; t < T; t++)
+      REQUIRE(pthread_create(&th[t], NULL, leaving_thread, (void *)(uintptr_t)(round * T + t + 7)) == 0);
+    for (int t = 0; t < T; t++) {
+      pthread_join(th[t], (void **)&res[t]);
+      REQUIRE(res[t] != NULL);
+    }
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      /* the dead threads' heaps belong to the child now: free into them,
+       * and let new threads take their place */
+      for (int t = 0; t < T; t++)
+        for (int i = 0; i < LEAVE_N; i += 2)
+          if (res[t][i]) check_free(res[t][i]);
+      pthread_t c;
+      void *r = (void *)1;
+      if (pthread_create(&c, NULL, child_thread, NULL) != 0) _exit(5);
+      pthread_join(c, &r);
+      for (int t = 0; t < T; t++)
+        for (int i = 1; i < LEAVE_N; i += 2)
+          if (res[t][i]) check_free(res[t][i]);
+      _exit(r != NULL ? 6 : atomic_load(&g_bad) ? 7 : 0);
+    }
+    for (int t = 0; t < T; t++) {
+      for (int i = 0; i < LEAVE_N; i++)
+        if (res[t][i]) check_free(res[t][i]);
+      free(res[t]);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "round %d: child status %#x", round,
+              status);
+  }
+  CHECK(atomic_load(&g_bad) == 0);
+}
+
 TEST_MAIN("threads")
