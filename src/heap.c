@@ -316,7 +316,11 @@ bool hak_release_all(void) {
   return atomic_load(&hak_gstats.os_returned) != before;
 }
 
+/* Remote blocks a purge pass may count in idle heaps' FULL slabs. */
+#define HAK_IDLE_WALK_BUDGET 16384
+
 bool hak_heaps_purge_due(uint64_t now) {
+  size_t walk_budget = HAK_IDLE_WALK_BUDGET;
   bool pending = false;
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
@@ -324,7 +328,7 @@ bool hak_heaps_purge_due(uint64_t now) {
       pending = true;
       continue;
     }
-    if (!h->parked) pending |= hak_slab_release_idle_full(h);
+    if (!h->parked) pending |= hak_slab_release_idle_full(h, &walk_budget);
     if (h->next_purge_ms != 0 && now >= h->next_purge_ms) hak_segment_purge(h, false);
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);

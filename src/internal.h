@@ -259,9 +259,10 @@ void hak_queue_remove(hak_slab_queue_t *q, hak_slab_t *s);
  * caller frees it). */
 bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
 /* The purger, holding the heap's lock: releases the FULL slabs of an idle
- * heap whose blocks have all been freed by other threads; true if the
- * heap should be looked at again. */
-bool hak_slab_release_idle_full(hak_heap_t *heap);
+ * heap whose blocks have all been freed by other threads, counting about
+ * *budget remote blocks at most; true if the heap should be looked at
+ * again. */
+bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget);
 
 /* ---- heap.c ---- */
 extern __thread hak_heap_t *hak_tls_heap;

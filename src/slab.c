@@ -75,6 +75,7 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   slab_detach(slab, 0);
   slab->retiring = 0;
   slab->local_free = NULL;
+  slab->remote_seen = NULL;
   atomic_store_explicit(&slab->remote, NULL, memory_order_relaxed);
   HAK_ASSERT(slab->capacity > 0);
 }
@@ -204,6 +205,7 @@ static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
 /* It has no free block: every reserved one is out. */
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
+  slab->remote_seen = NULL;
   slab_detach(slab, slab->reserved);
   hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
@@ -239,9 +241,11 @@ static void slab_mark_full_locked(hak_heap_t *heap, hak_slab_t *slab) {
  * not allocate again for long (a main thread waiting for its workers),
  * while other threads free what it allocated: FULL slabs whose every
  * block came back on the remote list go back to their segment. Under the
- * heap's lock; the owner's FULL slabs change only under it. True if the
- * heap has FULL slabs with remote frees but was not idle: look again. */
-bool hak_slab_release_idle_full(hak_heap_t *heap) {
+ * heap's lock; the owner's FULL slabs change only under it. A list is
+ * counted again only if it grew, and a pass counts about *budget blocks
+ * in all (the lists of a big idle heap would otherwise be walked every
+ * pass). True if the heap should be looked at again. */
+bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget) {
   uint32_t refills = __atomic_load_n(&heap->refills, __ATOMIC_RELAXED);
   bool idle = refills == heap->refills_at_purge;
   heap->refills_at_purge = refills;
@@ -250,12 +254,15 @@ bool hak_slab_release_idle_full(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     for (hak_slab_t *s = heap->full[c].first, *next; s; s = next) {
       next = s->next;
+      hak_block_t *head = atomic_load_explicit(&s->remote, memory_order_acquire);
+      if (head == NULL || head == s->remote_seen) continue;
+      if (*budget == 0) return true;
+      s->remote_seen = head;
       /* Blocks only join the list at its head, and none can after the
        * last one of the slab: counting it needs no exchange first. */
       uint32_t n = 0;
-      for (hak_block_t *b = atomic_load_explicit(&s->remote, memory_order_acquire);
-           b != NULL && n <= s->used; b = hak_next(b))
-        n++;
+      for (hak_block_t *b = head; b != NULL && n <= s->used; b = hak_next(b)) n++;
+      *budget -= n < *budget ? n : *budget;
       if (n != s->used) continue;
       hak_slab_collect_remote(s);
       hak_queue_remove(&heap->full[c], s);

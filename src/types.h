@@ -135,6 +135,9 @@ struct __attribute__((aligned(64))) hak_slab_s {
     };
     uint64_t free_since_ms; /* FREE: when the unit was released */
   };
+  /* FULL: the remote list's head when the purger last counted it (a hint:
+   * the same head, nothing new to count; see hak_slab_release_idle_full). */
+  hak_block_t *remote_seen;
   uint8_t zero; /* its unreserved memory is zero (fresh or purged) */
   /* The current slab of a class that shrank to it: released when it empties
    * (see hak_slab_emptied); cleared when the heap takes blocks from it. */
