@@ -145,12 +145,8 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   }
   /* Our own slab, not ACTIVE (the fast path took ACTIVE ones): FULL. */
   HAK_ASSERT(slab->state == HAK_SLAB_FULL);
-  hak_block_t *b = (hak_block_t *)p;
   pthread_mutex_lock(&heap->lock); /* FULL slabs are the purger's too */
-  hak_set_next(b, slab->local_free);
-  slab->local_free = b;
-  slab->used--;
-  hak_slab_unfull(heap, slab);
+  hak_slab_take_back(heap, slab, (hak_block_t *)p);
   pthread_mutex_unlock(&heap->lock);
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }

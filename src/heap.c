@@ -17,20 +17,30 @@ static size_t pool_left;
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
-/* A heap for the thread of token: the heap parked last (*unparked), else
- * a new one; *stale is set to a live heap left with the same token by a
- * dead thread whose pointer this one reuses. */
-static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale, bool *unparked) {
+/* A parked heap's ACTIVE slabs take the new thread's token. */
+static void heap_unpark(hak_heap_t *h) {
+  pthread_mutex_lock(&h->lock);
+  __atomic_store_n(&h->parked, false, __ATOMIC_RELAXED);
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
+    for (hak_slab_t *s = h->queue[c].first; s; s = s->next)
+      atomic_store_explicit(&s->owner, h->token, memory_order_relaxed);
+  pthread_mutex_unlock(&h->lock);
+}
+
+/* A heap for the thread of token: the heap parked last, else a new one;
+ * *stale is set to a live heap left with the same token by a dead thread
+ * whose pointer this one reuses. */
+static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
   pthread_mutex_lock(&hak_heaps_lock);
   *stale = NULL;
   for (hak_heap_t *l = heaps_live; l; l = l->next)
     if (l->token == token) *stale = l;
   hak_heap_t *h = heaps_parked;
-  *unparked = h != NULL;
   if (h) {
     heaps_parked = h->parked_next;
     h->token = token;
     pthread_mutex_unlock(&hak_heaps_lock);
+    heap_unpark(h);
     return h;
   }
   h = heaps_pool;
@@ -70,24 +80,12 @@ static void heap_struct_free(hak_heap_t *h) {
   pthread_mutex_unlock(&hak_heaps_lock);
 }
 
-/* A parked heap's ACTIVE slabs take the new thread's token. */
-static void heap_unpark(hak_heap_t *h) {
-  pthread_mutex_lock(&h->lock);
-  __atomic_store_n(&h->parked, false, __ATOMIC_RELAXED);
-  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
-    for (hak_slab_t *s = h->queue[c].first; s; s = s->next)
-      atomic_store_explicit(&s->owner, h->token, memory_order_relaxed);
-  pthread_mutex_unlock(&h->lock);
-}
-
 hak_heap_t *hak_heap_get(void) {
   hak_heap_t *h = hak_tls_heap;
   if (h != &hak_heap_empty) return h;
   hak_process_init();
   hak_heap_t *stale;
-  bool unparked;
-  h = heap_struct_alloc(hak_thread_token(), &stale, &unparked);
-  if (unparked) heap_unpark(h);
+  h = heap_struct_alloc(hak_thread_token(), &stale);
   if (h != NULL) hak_tls_heap = h; /* first: retiring may allocate */
   /* Its slabs would pass our free's owner test: a thread that allocated
    * again after its exit handler ran (or exited before the key existed)
@@ -100,17 +98,28 @@ hak_heap_t *hak_heap_get(void) {
   return h;
 }
 
-/* Its segments go to the abandoned list, its struct to the pool. */
-static void heap_retire(hak_heap_t *heap) {
+/* Its thread is done with it: the outboxes go over, the span caches go
+ * back, and the lists go back to their slabs. Returns holding its lock. */
+static void heap_let_go(hak_heap_t *heap) {
   hak_free_flush_outboxes(heap);
   hak_span_heap_done(heap);
   pthread_mutex_lock(&heap->lock);
-  __atomic_store_n(&heap->parked, false, __ATOMIC_RELAXED);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
+}
+
+/* After heap_let_go: its segments go to the abandoned list, its struct to
+ * the pool. */
+static void heap_abandon(hak_heap_t *heap) {
+  __atomic_store_n(&heap->parked, false, __ATOMIC_RELAXED);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
   heap_struct_free(heap);
+}
+
+static void heap_retire(hak_heap_t *heap) {
+  heap_let_go(heap);
+  heap_abandon(heap);
 }
 
 /* Takes the parked heaps off their list: all of them, or those parked for
@@ -162,22 +171,17 @@ static uint32_t slabs_live(hak_heap_t *heap) {
  * delay (the purger's job: without the purger, and for a heap with no
  * block in use, it retires at once). */
 static void heap_park(hak_heap_t *heap) {
-  hak_free_flush_outboxes(heap);
-  hak_span_heap_done(heap);
-  pthread_mutex_lock(&heap->lock);
-  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
-    hak_heap_return_list(heap, c);
-    for (hak_slab_t *s = heap->queue[c].first; s; s = s->next)
-      atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
-  }
+  heap_let_go(heap);
   heap->parked_live = slabs_live(heap);
-  bool parked = heap->parked_live != 0;
-  __atomic_store_n(&heap->parked, parked, __ATOMIC_RELAXED); /* free reads it unlocked */
-  pthread_mutex_unlock(&heap->lock);
-  if (!parked) {
-    heap_retire(heap);
+  if (heap->parked_live == 0) {
+    heap_abandon(heap);
     return;
   }
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
+    for (hak_slab_t *s = heap->queue[c].first; s; s = s->next)
+      atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
+  __atomic_store_n(&heap->parked, true, __ATOMIC_RELAXED); /* free reads it unlocked */
+  pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
   pthread_mutex_lock(&hak_heaps_lock);
   heap->token = 0;
@@ -204,13 +208,8 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
   if (parked) {
     if (HAK_UNLIKELY(slab->local_free == b)) hak_double_free(b);
     hak_slab_collect_remote(slab);
-    hak_set_next(b, slab->local_free);
-    slab->local_free = b;
-    slab->used--;
-    if (slab->state == HAK_SLAB_FULL) {
-      hak_slab_unfull(heap, slab);
-      atomic_store_explicit(&slab->owner, 0, memory_order_relaxed); /* not heap->token */
-    }
+    hak_slab_take_back(heap, slab, b);
+    atomic_store_explicit(&slab->owner, 0, memory_order_relaxed); /* not heap->token */
     if (slab->used == 0) {
       emptied = --heap->parked_live == 0;
       if (heap->queue[slab->cls].first != slab) {

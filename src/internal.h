@@ -241,8 +241,10 @@ void hak_slab_init(hak_slab_t *slab, size_t cls);
 void hak_slab_collect_remote(hak_slab_t *slab);
 /* Puts a list of blocks of slab back on its local free list. */
 void hak_slab_give_back(hak_slab_t *slab, hak_block_t *list);
-/* A FULL slab of heap has free blocks again: back to its class's queue. */
-void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab);
+/* b, a block of heap's slab (not attached), freed as its owner frees it:
+ * onto local_free; a FULL slab goes back to its class's queue. Under the
+ * heap's lock (FULL slabs are the purger's too). */
+void hak_slab_take_back(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b);
 /* malloc's miss for a slab class: refills the heap's list of cls
  * (creating a new thread's heap first) and pops a block for a request of
  * size; NULL with ENOMEM when out of memory. */

@@ -211,10 +211,17 @@ static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
 
-void hak_slab_unfull(hak_heap_t *heap, hak_slab_t *slab) {
+static void slab_unfull(hak_heap_t *heap, hak_slab_t *slab) {
   hak_queue_remove(&heap->full[slab->cls], slab);
   hak_queue_push_back(&heap->queue[slab->cls], slab);
   slab_activate(heap, slab);
+}
+
+void hak_slab_take_back(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
+  hak_set_next(b, slab->local_free);
+  slab->local_free = b;
+  slab->used--;
+  if (slab->state == HAK_SLAB_FULL) slab_unfull(heap, slab);
 }
 
 bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
@@ -283,7 +290,7 @@ static void heap_revive_full(hak_heap_t *heap) {
       hak_slab_t *next = s->next;
       if (atomic_load_explicit(&s->remote, memory_order_relaxed) != NULL) {
         hak_slab_collect_remote(s);
-        hak_slab_unfull(heap, s);
+        slab_unfull(heap, s);
       }
       s = next;
     }
