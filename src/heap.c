@@ -10,7 +10,11 @@ __thread hak_heap_t *hak_tls_heap = &hak_heap_empty;
 pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static hak_heap_t *heaps_live;
-static hak_heap_t *heaps_parked; /* LIFO: the one parked last is warmest */
+/* FIFO: a new thread takes the heap parked longest, whose blocks have had
+ * the most time to be freed; it fills their holes instead of carving new
+ * memory beside blocks still in use (larson 4t 10-1000: 15.1 MiB peak,
+ * 16.8 taking the one parked last). */
+static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static hak_heap_t *heaps_pool;
 static uint8_t *pool_cursor;
 static size_t pool_left;
@@ -27,7 +31,7 @@ static void heap_unpark(hak_heap_t *h) {
   pthread_mutex_unlock(&h->lock);
 }
 
-/* A heap for the thread of token: the heap parked last, else a new one;
+/* A heap for the thread of token: the heap parked longest, else a new one;
  * *stale is set to a live heap left with the same token by a dead thread
  * whose pointer this one reuses. */
 static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
@@ -38,6 +42,7 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
   hak_heap_t *h = heaps_parked;
   if (h) {
     heaps_parked = h->parked_next;
+    if (heaps_parked == NULL) heaps_parked_end = &heaps_parked;
     h->token = token;
     pthread_mutex_unlock(&hak_heaps_lock);
     heap_unpark(h);
@@ -125,8 +130,8 @@ static void heap_retire(hak_heap_t *heap) {
 /* Takes the parked heaps off their list: all of them, or those parked for
  * the purge delay, or just `one`; the caller retires them, holding no lock. */
 static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
-  hak_heap_t *out = NULL;
-  for (hak_heap_t **pp = &heaps_parked; *pp;) {
+  hak_heap_t *out = NULL, **pp = &heaps_parked;
+  while (*pp) {
     hak_heap_t *h = *pp;
     if (one ? h == one
             : all || now - h->parked_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
@@ -137,6 +142,7 @@ static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
       pp = &h->parked_next;
     }
   }
+  heaps_parked_end = pp;
   return out;
 }
 
@@ -186,8 +192,9 @@ static void heap_park(hak_heap_t *heap) {
   pthread_mutex_lock(&hak_heaps_lock);
   heap->token = 0;
   heap->parked_since_ms = hak_clock_ms();
-  heap->parked_next = heaps_parked;
-  heaps_parked = heap;
+  heap->parked_next = NULL;
+  *heaps_parked_end = heap;
+  heaps_parked_end = &heap->parked_next;
   pthread_mutex_unlock(&hak_heaps_lock);
   hak_purge_wake();
 }
@@ -341,6 +348,7 @@ bool hak_heaps_purge_due(uint64_t now) {
 
 void hak_heaps_abandon_others(hak_heap_t *keep) {
   heaps_parked = NULL;
+  heaps_parked_end = &heaps_parked;
   hak_heap_t *h = heaps_live;
   while (h) {
     hak_heap_t *next = h->next;

@@ -1405,6 +1405,45 @@ TEST(exited_threads_heap_serves_the_next_thread) {
   CHECK(hak_stats_live_blocks() == live - 100);
 }
 
+/* Two threads alive at once, so that each exits with its own heap; the
+ * second exits after the first has. */
+static pthread_barrier_t both_allocated;
+static sem_t second_may_exit;
+static void *alloc_then_exit_first(void *arg) {
+  alloc_and_exit(arg);
+  pthread_barrier_wait(&both_allocated);
+  return NULL;
+}
+static void *alloc_then_exit_second(void *arg) {
+  alloc_then_exit_first(arg);
+  sem_wait(&second_may_exit);
+  return NULL;
+}
+
+TEST(new_thread_takes_the_heap_parked_longest) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *first[100], *second[100], *q;
+  pthread_t a, b;
+  pthread_barrier_init(&both_allocated, NULL, 2);
+  sem_init(&second_may_exit, 0, 0);
+  REQUIRE(pthread_create(&a, NULL, alloc_then_exit_first, first) == 0);
+  REQUIRE(pthread_create(&b, NULL, alloc_then_exit_second, second) == 0);
+  pthread_join(a, NULL);
+  sem_post(&second_may_exit);
+  pthread_join(b, NULL);
+  hak_heap_t *older = atomic_load(&hak_segment_of(first[0])->heap);
+  hak_heap_t *newer = atomic_load(&hak_segment_of(second[0])->heap);
+  REQUIRE(older != NULL && newer != NULL && older != newer); /* both parked */
+  run_thread(alloc_one, &q);
+  CHECK(atomic_load(&hak_segment_of(q)->heap) == older);
+  for (int i = 0; i < 100; i++) {
+    free(first[i]);
+    free(second[i]);
+  }
+  free(q);
+}
+
 TEST(parked_heap_retires_when_its_last_block_is_freed) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
