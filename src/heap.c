@@ -154,9 +154,12 @@ static void parked_retire(hak_heap_t *list) {
   }
 }
 
-/* Slabs of the heap with blocks in use, their remote frees collected. */
+/* Slabs of the heap with blocks in use, their remote frees collected:
+ * a FULL slab that other threads emptied while its thread lived would
+ * otherwise count until the purge delay retired the heap. */
 static uint32_t slabs_live(hak_heap_t *heap) {
   uint32_t n = 0;
+  hak_heap_revive_full_locked(heap);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     for (hak_slab_t *s = heap->queue[c].first; s; s = s->next) {
       hak_slab_collect_remote(s);

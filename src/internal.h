@@ -265,6 +265,9 @@ bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab);
  * *budget remote blocks at most; true if the heap should be looked at
  * again. */
 bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget);
+/* Holding the heap's lock: FULL slabs that received remote frees have them
+ * collected and go back to the queue. */
+void hak_heap_revive_full_locked(hak_heap_t *heap);
 
 /* ---- heap.c ---- */
 extern __thread hak_heap_t *hak_tls_heap;

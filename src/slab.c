@@ -279,10 +279,7 @@ bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget) {
   return false;
 }
 
-/* Moves FULL slabs of cls that received remote frees back to the queue. */
-static void heap_revive_full(hak_heap_t *heap) {
-  if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return;
-  pthread_mutex_lock(&heap->lock);
+void hak_heap_revive_full_locked(hak_heap_t *heap) {
   atomic_store(&heap->full_remote, 0);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
     hak_slab_t *s = heap->full[c].first;
@@ -295,6 +292,12 @@ static void heap_revive_full(hak_heap_t *heap) {
       s = next;
     }
   }
+}
+
+static void heap_revive_full(hak_heap_t *heap) {
+  if (!atomic_load_explicit(&heap->full_remote, memory_order_relaxed)) return;
+  pthread_mutex_lock(&heap->lock);
+  hak_heap_revive_full_locked(heap);
   pthread_mutex_unlock(&heap->lock);
 }
 

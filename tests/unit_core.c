@@ -182,6 +182,9 @@ static void run_thread(void *(*fn)(void *), void *arg) {
 static void start_purger(void) {
   hak_purge_wake();
   hak_purge_start();
+  /* running once the thread has begun: only then do exiting threads park */
+  for (int i = 0; i < 5000 && !atomic_load(&hak_purge_running); i++) usleep(1000);
+  REQUIRE(atomic_load(&hak_purge_running));
 }
 
 static int resident_pages(void *start, size_t bytes) {
@@ -1456,6 +1459,41 @@ TEST(parked_heap_retires_when_its_last_block_is_freed) {
   free(ps[99]);
   CHECK(atomic_load(&seg->heap) == NULL); /* retired: its empty segment cached */
   CHECK(seg->free_units == UINT64_MAX);
+}
+
+/* Fills a slab of 1000-byte blocks and keeps one 64-byte block; exits
+ * once the test thread has freed the 1000-byte ones. */
+typedef struct {
+  void *ps[200], *keep;
+  sem_t filled, freed;
+} fill_t;
+static void *fill_then_wait(void *arg) {
+  fill_t *f = arg;
+  for (int i = 0; i < 200; i++) f->ps[i] = malloc(1000);
+  f->keep = malloc(64);
+  sem_post(&f->filled);
+  sem_wait(&f->freed);
+  return NULL;
+}
+
+TEST(parked_heap_retires_when_its_last_block_is_freed_after_full_slabs_emptied) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  fill_t f;
+  sem_init(&f.filled, 0, 0);
+  sem_init(&f.freed, 0, 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, fill_then_wait, &f) == 0);
+  sem_wait(&f.filled);
+  REQUIRE(slab_of_ptr(f.ps[0])->state == HAK_SLAB_FULL);
+  for (int i = 0; i < 200; i++) free(f.ps[i]); /* remote: the FULL slab empties */
+  hak_free_flush_outboxes(hak_tls_heap);
+  sem_post(&f.freed);
+  pthread_join(t, NULL);
+  hak_segment_t *seg = hak_segment_of(f.keep);
+  REQUIRE(atomic_load(&seg->heap) != NULL); /* parked */
+  free(f.keep);
+  CHECK(atomic_load(&seg->heap) == NULL); /* the emptied FULL slab did not count */
 }
 
 /* A thread's 100 blocks, all but the last freed here: its heap stays parked. */
