@@ -410,38 +410,36 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged) {
   cache_put(seg);
 }
 
-/* Bit f set where units f .. f + n - 1 all have their bit set in units. */
-static uint64_t run_starts(uint64_t units, unsigned n) {
-  for (unsigned len = 1; len < n && units;) {
-    unsigned shift = len < n - len ? len : n - len;
-    units &= units >> shift;
-    len += shift;
-  }
-  return units;
-}
-
 /* Where n units would go in seg: free ones, as many of them committed as
  * can be (reusing them costs no page faults and no new RSS), then in the
  * shortest run of free units that fits, at one end of it, so that long
  * runs stay whole for longer slabs (best fit). Returns whether any fits, its
- * first unit in *at and its score in *score (higher is better). */
+ * first unit in *at and its score in *score (higher is better; the first
+ * place wins a tie). Every place in one run of length len leaves len - n
+ * free units beside it, so a run's places differ only in their committed
+ * units (counted by a sliding window) and in touching an end of the run;
+ * a run that cannot beat the best so far is skipped. */
 static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *score) {
-  uint64_t fr = seg->free_units, used = ~fr, dirty = fr & ~seg->zero_units;
-  uint64_t starts = run_starts(dirty, n);
-  bool all_dirty = starts != 0;
-  if (!all_dirty) starts = run_starts(fr, n);
+  uint64_t dirty = seg->free_units & ~seg->zero_units;
   bool found = false;
-  for (; starts; starts &= starts - 1) {
-    unsigned f = (unsigned)__builtin_ctzll(starts), end = f + n;
-    uint64_t below = used & units_mask(0, f), above = end < HAK_MAX_SLABS ? used >> end : 1;
-    unsigned left = below ? f - 1 - (63 - (unsigned)__builtin_clzll(below)) : f;
-    unsigned right = above ? (unsigned)__builtin_ctzll(above) : HAK_MAX_SLABS - end;
-    unsigned committed = all_dirty ? n : (unsigned)__builtin_popcountll(dirty & units_mask(f, n));
-    int sc = (int)committed * 256 - (int)(left + right) * 2 - (left && right);
-    if (!found || sc > *score) {
-      found = true;
-      *score = sc;
-      *at = f;
+  for (uint64_t rest = seg->free_units; rest;) {
+    unsigned a = (unsigned)__builtin_ctzll(rest);
+    uint64_t gap = ~(rest >> a);
+    unsigned len = gap ? (unsigned)__builtin_ctzll(gap) : HAK_MAX_SLABS - a;
+    rest &= ~units_mask(a, len);
+    int beside = 2 * (int)(len - n);
+    if (len < n || (found && (int)n * 256 - beside <= *score)) continue;
+    int committed = __builtin_popcountll(dirty & units_mask(a, n));
+    for (unsigned f = a;; f++) {
+      int sc = committed * 256 - beside - (f > a && f + n < a + len);
+      if (!found || sc > *score) {
+        found = true;
+        *score = sc;
+        *at = f;
+        if (sc == (int)n * 256) return true; /* committed, fills its run: none is better */
+      }
+      if (f + n == a + len) break;
+      committed += (int)(dirty >> (f + n) & 1) - (int)(dirty >> f & 1);
     }
   }
   return found;
