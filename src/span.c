@@ -16,7 +16,7 @@
  * comes back (the page words in a segment's header name them), found by
  * best fit in bins by length, runs with committed pages first. A run idle
  * for the purge delay is purged, and a segment with no block left goes
- * back to the segment cache. */
+ * back to the segment cache once its runs are purged. */
 #define _GNU_SOURCE /* PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP */
 #include "internal.h"
 
@@ -321,10 +321,9 @@ static void run_absorb(run_t *r, run_t *o) {
 
 /* r, a free run out of its bin and unmarked, takes in the free runs on
  * either side that are alike, then goes into its bin; or, if its segment
- * has no block left, the segment goes back to the segment cache (unless
- * keep_last and it is the last span segment, kept against map/unmap
- * thrash until it is purged), and the result is true. */
-static bool run_settle(run_t *r, bool keep_last) {
+ * has no block left and keep is false, the segment goes back to the
+ * segment cache, and the result is true. */
+static bool run_settle(run_t *r, bool keep) {
   uint64_t *pg = r->seg->span.page;
   unsigned first = r->first, end = first + r->pages;
   if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
@@ -344,7 +343,7 @@ static bool run_settle(run_t *r, bool keep_last) {
       run_absorb(r, right);
     }
   }
-  if (r->seg->span.used_pages == 0 && !(keep_last && nsegments == 1)) {
+  if (r->seg->span.used_pages == 0 && !keep) {
     segment_release(r);
     return true;
   }
@@ -359,8 +358,15 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
   seg->span.used_pages -= n;
   run_t *r = run_new(seg, first, n, RUN_DIRTY);
   r->since_ms = now;
-  if (hak_opt.purge_delay_ms == 0) run_purge(r);
-  run_settle(r, true);
+  /* A segment that empties stays, its memory committed, until the purger
+   * has purged it after the delay: a program that frees a burst of spans
+   * and allocates them again (a loop over a batch of buffers) reuses it
+   * without a page fault, where the segment cache, which keeps only one
+   * segment committed, purged the others at once. Without a delay only
+   * the last one stays, against map/unmap thrash. */
+  bool purged = hak_opt.purge_delay_ms == 0;
+  if (purged) run_purge(r);
+  run_settle(r, !purged || nsegments == 1);
 }
 
 /* The block at p goes back to the page heap. */

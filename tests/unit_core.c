@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 /* ---- size classes ---- */
 
@@ -194,6 +195,12 @@ static int resident_pages(void *start, size_t bytes) {
   int n = 0;
   for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
   return n;
+}
+
+static size_t minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (size_t)ru.ru_minflt;
 }
 
 /* Whether the FREE unit at slab s went back to the OS. */
@@ -872,6 +879,29 @@ TEST(span_segments_all_free_go_back_to_the_segment_cache) {
             ours);
   for (int i = 0; i < N; i++)
     if (hak_segment_of(ps[i]) != first) CHECK(hak_segment_of(ps[i]) == NULL);
+}
+
+/* Span segments emptied at once stay committed until the purge delay: a
+ * loop that frees a batch of buffers and allocates it again reuses them
+ * without page faults (the segment cache keeps one segment committed). */
+TEST(span_segments_emptied_in_a_burst_stay_committed_until_the_delay) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { N = 100 }; /* 128 KiB blocks, 31 to a segment */
+  static void *ps[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((ps[i] = malloc(131072)) != NULL);
+    memset(ps[i], 1, 131072);
+  }
+  for (int i = 0; i < N; i++) free(ps[i]);
+  flush_span_caches();
+  for (int i = 0; i < N; i++) {
+    int resident = resident_pages(ps[i], 131072);
+    CHECK_MSG(resident == 32, "block %d: %d of 32 pages resident", i, resident);
+  }
+  size_t faults_before = minor_faults();
+  for (int i = 0; i < N; i++) memset(ps[i] = malloc(131072), 2, 131072);
+  CHECK_MSG(minor_faults() - faults_before < 100, "%zu faults", minor_faults() - faults_before);
+  for (int i = 0; i < N; i++) free(ps[i]);
 }
 
 /* A segment with no block left goes back whatever its free runs are: here
