@@ -31,6 +31,7 @@ tiny=(
   "glibc_thread|2 64 20000"
   "realloc_chain|16 20000 4096"
   "large|20 4 65536 4194304"
+  "batch|20 16"
   "frag|4"
   "frag|--scale 0.004"
 )
