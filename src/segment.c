@@ -325,9 +325,14 @@ static bool segment_release_if_empty(hak_heap_t *heap, hak_segment_t *seg) {
   return true;
 }
 
+/* With a purge delay, a segment that empties stays with its heap, its
+ * units committed, until their purge, which then unmaps it: a thread that
+ * frees a batch of blocks and allocates it again reuses them without page
+ * faults, where the segment cache, which keeps only one segment committed,
+ * purged the others at once. */
 void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab) {
   slab_mark_free(heap, slab);
-  segment_release_if_empty(heap, hak_segment_of_slab(slab));
+  if (hak_opt.purge_delay_ms == 0) segment_release_if_empty(heap, hak_segment_of_slab(slab));
 }
 
 /* ---- acquiring segments and slabs ---- */

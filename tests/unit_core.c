@@ -904,6 +904,26 @@ TEST(span_segments_emptied_in_a_burst_stay_committed_until_the_delay) {
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
+/* The same for slab segments a live thread empties. */
+TEST(slab_segments_emptied_in_a_burst_stay_committed_until_the_delay) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { N = 6000 }; /* 2 KiB blocks: 12 MiB, three segments or more */
+  static void *ps[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((ps[i] = malloc(2000)) != NULL);
+    memset(ps[i], 1, 2000);
+  }
+  hak_segment_t *first = hak_segment_of(ps[0]), *last = hak_segment_of(ps[N - 1]);
+  REQUIRE(first != last);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  CHECK(atomic_load(&first->heap) == hak_tls_heap); /* not cached, not purged */
+  CHECK(atomic_load(&last->heap) == hak_tls_heap);
+  size_t faults_before = minor_faults();
+  for (int i = 0; i < N; i++) memset(ps[i] = malloc(2000), 2, 2000);
+  CHECK_MSG(minor_faults() - faults_before < 100, "%zu faults", minor_faults() - faults_before);
+  for (int i = 0; i < N; i++) free(ps[i]);
+}
+
 /* A segment with no block left goes back whatever its free runs are: here
  * two dirty ones between purged ones, which do not merge, and the last
  * span segment, kept until the purge, which releases it whole (a runtime
