@@ -224,7 +224,7 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
       emptied = --heap->parked_live == 0;
       if (heap->queue[slab->cls].first != slab) {
         hak_queue_remove(&heap->queue[slab->cls], slab);
-        hak_segment_free_slab(heap, slab);
+        hak_segment_free_slab(heap, slab, false);
       }
     }
   }
@@ -252,7 +252,7 @@ void hak_heap_collect(hak_heap_t *heap, bool force) {
       hak_slab_collect_remote(s);
       if (s->used == 0) {
         hak_queue_remove(&heap->queue[c], s);
-        hak_segment_free_slab(heap, s);
+        hak_segment_free_slab(heap, s, false);
       }
       s = next;
     }

@@ -175,8 +175,9 @@ void hak_segmap_set(hak_segment_t *seg, uint8_t value); /* HAK_SEGMAP_* */
  * segments: the caller re-checks its queues when *adopted is set. */
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
                                    bool *adopted);
-/* Marks a slab FREE; releases its segment when it was the last one. */
-void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab);
+/* Marks a slab FREE; its segment, if that empties it, goes to the cache,
+ * unless `keep` (the heap's own thread frees: see segment.c). */
+void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab, bool keep);
 /* Heap is going away: release or abandon every segment it owns. */
 void hak_segment_abandon_all(hak_heap_t *heap);
 /* Purge FREE slabs released longer than the purge delay ago (force: all). */

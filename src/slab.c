@@ -273,7 +273,7 @@ bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget) {
       if (n != s->used) continue;
       hak_slab_collect_remote(s);
       hak_queue_remove(&heap->full[c], s);
-      hak_segment_free_slab(heap, s);
+      hak_segment_free_slab(heap, s, false);
     }
   }
   return false;
@@ -322,7 +322,7 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
   if (cur == NULL) return;
   if (cur->used == 0) {
     hak_queue_remove(&heap->queue[cls], cur);
-    hak_segment_free_slab(heap, cur);
+    hak_segment_free_slab(heap, cur, true);
   } else {
     cur->retiring = 1;
   }
@@ -483,7 +483,7 @@ void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
   if (current && !slab->retiring) return;
   pthread_mutex_lock(&heap->lock);
   hak_queue_remove(q, slab);
-  hak_segment_free_slab(heap, slab);
+  hak_segment_free_slab(heap, slab, true);
   if (!current) {
     if (++heap->releases_in_row < HAK_SHRINK_RELEASES) {
       class_retire(heap, cls);
