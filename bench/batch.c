@@ -16,7 +16,6 @@
  * ops = rounds * buffers * 2.
  */
 #include "bench_common.h"
-#include <math.h>
 
 static const char usage[] =
     "usage: batch [rounds [buffers [min [max [seed]]]]]\n"
@@ -26,12 +25,10 @@ BENCH_NOINLINE static void bench_work(char **buf, long rounds, long n, double lm
                                       uint32_t s) {
   for (long r = 0; r < rounds; r++) {
     for (long i = 0; i < n; i++) {
-      double u = (double)xorshift32(&s) / 4294967296.0;
-      size_t size = (size_t)exp(lmin + u * (lmax - lmin));
+      size_t size = bench_pick_log(&s, lmin, lmax);
       char *p = malloc(size);
       if (!p) bench_die("malloc failed");
-      for (size_t k = 0; k < size; k += 4096) p[k] = (char)r;
-      p[size - 1] = (char)r;
+      bench_touch_pages(p, 0, size, (char)r);
       buf[i] = p;
     }
     for (long i = 0; i < n; i++) free(buf[i]);

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <math.h>
 #include <pthread.h>
 #include <sys/mman.h>
 
@@ -48,6 +49,19 @@ static inline uint32_t xorshift32(uint32_t *s) {
   x ^= x << 5;
   *s = x;
   return x;
+}
+
+/* A size log-uniform in [exp(lmin), exp(lmax)]. */
+static inline size_t bench_pick_log(uint32_t *s, double lmin, double lmax) {
+  double u = (double)xorshift32(s) / 4294967296.0;
+  return (size_t)exp(lmin + u * (lmax - lmin));
+}
+
+/* Writes v once in every 4 KiB page of p[from, to), and in its last byte,
+ * as a program filling a buffer would. */
+static inline void bench_touch_pages(char *p, size_t from, size_t to, char v) {
+  for (size_t i = from; i < to; i += 4096) p[i] = v;
+  if (to > from) p[to - 1] = v;
 }
 
 static inline uint32_t bench_seed(uint64_t s) {

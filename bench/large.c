@@ -16,7 +16,6 @@
  * ops = steps.
  */
 #include "bench_common.h"
-#include <math.h>
 
 static const char usage[] =
     "usage: large [steps [ws [min [max [seed]]]]]\n"
@@ -27,23 +26,13 @@ typedef struct {
   size_t n;
 } slot_t;
 
-static size_t pick(uint32_t *s, double lmin, double lmax) {
-  double u = (double)xorshift32(s) / 4294967296.0;
-  return (size_t)exp(lmin + u * (lmax - lmin));
-}
-
-static void touch(char *p, size_t from, size_t to, char v) {
-  for (size_t i = from; i < to; i += 4096) p[i] = v;
-  if (to > from) p[to - 1] = v;
-}
-
 BENCH_NOINLINE static void bench_work(slot_t *sl, long ws, long steps, double lmin, double lmax,
                                       uint32_t s) {
   for (long i = 0; i < steps; i++) {
     uint32_t r = xorshift32(&s);
     slot_t *x = &sl[r % (uint32_t)ws];
     if (!x->p) {
-      size_t n = pick(&s, lmin, lmax);
+      size_t n = bench_pick_log(&s, lmin, lmax);
       if (r & 0x100) {
         x->p = malloc(n);
         if (!x->p) bench_die("malloc failed");
@@ -55,14 +44,14 @@ BENCH_NOINLINE static void bench_work(slot_t *sl, long ws, long steps, double lm
         if (x->p[n - 1]) bench_die("calloc memory not zero");
       }
       x->n = n;
-      touch(x->p, 0, n, (char)r);
+      bench_touch_pages(x->p, 0, n, (char)r);
     } else if (r % 3 == 0) {
-      size_t n = pick(&s, lmin, lmax);
+      size_t n = bench_pick_log(&s, lmin, lmax);
       char first = x->p[0];
       char *np = realloc(x->p, n);
       if (!np) bench_die("realloc failed");
       if (np[0] != first) bench_die("realloc lost the contents");
-      if (n > x->n) touch(np, x->n, n, (char)r);
+      if (n > x->n) bench_touch_pages(np, x->n, n, (char)r);
       x->p = np;
       x->n = n;
     } else {

@@ -21,13 +21,18 @@ static size_t pool_left;
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
+/* The heap's ACTIVE slabs take token as their owner (0 while parked). */
+static void queue_owners(hak_heap_t *h, uintptr_t token) {
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
+    for (hak_slab_t *s = h->queue[c].first; s; s = s->next)
+      atomic_store_explicit(&s->owner, token, memory_order_relaxed);
+}
+
 /* A parked heap's ACTIVE slabs take the new thread's token. */
 static void heap_unpark(hak_heap_t *h) {
   pthread_mutex_lock(&h->lock);
   __atomic_store_n(&h->parked, false, __ATOMIC_RELAXED);
-  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
-    for (hak_slab_t *s = h->queue[c].first; s; s = s->next)
-      atomic_store_explicit(&s->owner, h->token, memory_order_relaxed);
+  queue_owners(h, h->token);
   pthread_mutex_unlock(&h->lock);
 }
 
@@ -186,9 +191,7 @@ static void heap_park(hak_heap_t *heap) {
     heap_abandon(heap);
     return;
   }
-  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
-    for (hak_slab_t *s = heap->queue[c].first; s; s = s->next)
-      atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
+  queue_owners(heap, 0);
   __atomic_store_n(&heap->parked, true, __ATOMIC_RELAXED); /* free reads it unlocked */
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;

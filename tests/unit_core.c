@@ -197,10 +197,17 @@ static int resident_pages(void *start, size_t bytes) {
   return n;
 }
 
-static size_t minor_faults(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (size_t)ru.ru_minflt;
+/* Allocates n blocks of size, writes v all over each; returns the page
+ * faults that took. */
+static size_t fill_blocks(void **ps, int n, size_t size, int v) {
+  struct rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  for (int i = 0; i < n; i++) {
+    REQUIRE((ps[i] = malloc(size)) != NULL);
+    memset(ps[i], v, size);
+  }
+  getrusage(RUSAGE_SELF, &after);
+  return (size_t)(after.ru_minflt - before.ru_minflt);
 }
 
 /* Whether the FREE unit at slab s went back to the OS. */
@@ -888,19 +895,15 @@ TEST(span_segments_emptied_in_a_burst_stay_committed_until_the_delay) {
   hak_opt.purge_delay_ms = 100000;
   enum { N = 100 }; /* 128 KiB blocks, 31 to a segment */
   static void *ps[N];
-  for (int i = 0; i < N; i++) {
-    REQUIRE((ps[i] = malloc(131072)) != NULL);
-    memset(ps[i], 1, 131072);
-  }
+  fill_blocks(ps, N, 131072, 1);
   for (int i = 0; i < N; i++) free(ps[i]);
   flush_span_caches();
   for (int i = 0; i < N; i++) {
     int resident = resident_pages(ps[i], 131072);
     CHECK_MSG(resident == 32, "block %d: %d of 32 pages resident", i, resident);
   }
-  size_t faults_before = minor_faults();
-  for (int i = 0; i < N; i++) memset(ps[i] = malloc(131072), 2, 131072);
-  CHECK_MSG(minor_faults() - faults_before < 100, "%zu faults", minor_faults() - faults_before);
+  size_t faults = fill_blocks(ps, N, 131072, 2);
+  CHECK_MSG(faults < 100, "%zu faults", faults);
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
@@ -909,18 +912,14 @@ TEST(slab_segments_emptied_in_a_burst_stay_committed_until_the_delay) {
   hak_opt.purge_delay_ms = 100000;
   enum { N = 6000 }; /* 2 KiB blocks: 12 MiB, three segments or more */
   static void *ps[N];
-  for (int i = 0; i < N; i++) {
-    REQUIRE((ps[i] = malloc(2000)) != NULL);
-    memset(ps[i], 1, 2000);
-  }
+  fill_blocks(ps, N, 2000, 1);
   hak_segment_t *first = hak_segment_of(ps[0]), *last = hak_segment_of(ps[N - 1]);
   REQUIRE(first != last);
   for (int i = 0; i < N; i++) free(ps[i]);
   CHECK(atomic_load(&first->heap) == hak_tls_heap); /* not cached, not purged */
   CHECK(atomic_load(&last->heap) == hak_tls_heap);
-  size_t faults_before = minor_faults();
-  for (int i = 0; i < N; i++) memset(ps[i] = malloc(2000), 2, 2000);
-  CHECK_MSG(minor_faults() - faults_before < 100, "%zu faults", minor_faults() - faults_before);
+  size_t faults = fill_blocks(ps, N, 2000, 2);
+  CHECK_MSG(faults < 100, "%zu faults", faults);
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
