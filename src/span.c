@@ -690,14 +690,37 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
 
 /* ---- purge, usage, fork ---- */
 
+/* A purge costs a system call and, while other threads run, a TLB
+ * shootdown on each of their CPUs, whatever its size: the timed purge
+ * leaves runs shorter than this to merge into a longer one or to go with
+ * their segment (a program that frees every other block and then asks for
+ * bigger ones paid an interrupt per hole, and faulted the holes in again). */
+#define PURGE_MIN_PAGES 16
+
+/* Whether every dirty run of seg has been idle for the delay. */
+static bool segment_idle(hak_segment_t *seg, uint64_t now, uint64_t delay) {
+  for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
+    run_t *x = run_of(seg->span.page[i]);
+    if (x->state == RUN_DIRTY && now - x->since_ms < delay) return false;
+    i += x->pages;
+  }
+  return true;
+}
+
 bool hak_span_purge(bool force) {
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
   bool pending = false;
   pthread_mutex_lock(&hak_span_lock);
+  /* While the program grows, what it freed waits: it is what it soon asks
+   * for again, here no longer than any free run it has (it frees every
+   * other block and then asks for bigger ones); purged, it would fault in
+   * again. */
+  uint64_t wait = hak_purge_growing(now) ? delay * HAK_GROWTH_WAIT : delay;
   for (unsigned b = 0; b < BINS; b++) {
+    if (!force && b != 0 && b < PURGE_MIN_PAGES) continue;
     for (run_t *r = bins[0][b], *next; r; r = next) {
       next = r->next;
-      if (!force && now - r->since_ms < delay) {
+      if (!force && now - r->since_ms < wait) {
         pending = true;
         continue;
       }
@@ -708,14 +731,18 @@ bool hak_span_purge(bool force) {
       if (run_settle(r, false)) next = bins[0][b];
     }
   }
-  if (force) /* the segments with no block left, their runs zero or purged */
-    for (hak_segment_t *seg = segments, *next; seg; seg = next) {
-      next = seg->next;
-      if (seg->span.used_pages != 0) continue;
-      run_t *r = run_of(seg->span.page[HAK_SPAN_FIRST_PAGE]);
-      bin_remove(r);
-      segment_release(r);
+  /* the segments with no block left go whole, whatever their runs */
+  for (hak_segment_t *seg = segments, *next; seg; seg = next) {
+    next = seg->next;
+    if (seg->span.used_pages != 0) continue;
+    if (!force && !segment_idle(seg, now, delay)) {
+      pending = true;
+      continue;
     }
+    run_t *r = run_of(seg->span.page[HAK_SPAN_FIRST_PAGE]);
+    bin_remove(r);
+    segment_release(r);
+  }
   pthread_mutex_unlock(&hak_span_lock);
   return pending;
 }

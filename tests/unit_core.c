@@ -864,6 +864,50 @@ TEST(free_span_runs_are_purged_after_delay) {
   free(guard);
 }
 
+/* A free run shorter than 64 KiB waits to merge with a neighbour or for
+ * its segment to empty: the timed purge leaves it committed, while it
+ * purges a longer one freed at the same time; a forced purge takes both. */
+TEST(short_free_span_runs_wait_for_their_neighbours) {
+  hak_opt.purge_delay_ms = 20;
+  start_purger();
+  flush_span_caches();
+  hak_release_all(); /* no other free run to merge with */
+  char *a = malloc(20000), *b = malloc(20000), *c = malloc(20000), *d = malloc(131072),
+       *e = malloc(20000);
+  REQUIRE(b == a + 20480 && c == b + 20480 && d == c + 20480 && e == d + 131072);
+  memset(b, 1, 20000);
+  memset(d, 1, 131072);
+  free(b);
+  free(d);
+  flush_span_caches();
+  struct timespec ts = {0, 400 * 1000000L}; /* past the wait while growing too */
+  nanosleep(&ts, NULL);
+  int short_run = resident_pages(b, 5 * 4096), long_run = resident_pages(d, 32 * 4096);
+  CHECK_MSG(short_run == 5, "%d of 5 pages of the short run resident", short_run);
+  CHECK_MSG(long_run == 0, "%d of 32 pages of the long run resident", long_run);
+  hak_span_purge(true);
+  short_run = resident_pages(b, 5 * 4096);
+  CHECK_MSG(short_run == 0, "%d of 5 pages resident after a forced purge", short_run);
+  free(a);
+  free(c);
+  free(e);
+}
+
+/* While the program maps new memory, what it freed waits HAK_GROWTH_WAIT
+ * delays before it is purged; once it stops, one delay. */
+TEST(purge_waits_while_the_program_maps_memory) {
+  hak_opt.purge_delay_ms = 100;
+  uint64_t now = hak_clock_ms();
+  hak_purge_growing(now);
+  size_t mapped = atomic_load(&hak_gstats.os_mapped_total);
+  char *p = malloc(64 << 20); /* fresh chunks of the large arena */
+  REQUIRE(p != NULL);
+  REQUIRE(atomic_load(&hak_gstats.os_mapped_total) != mapped);
+  CHECK(hak_purge_growing(now));
+  CHECK(!hak_purge_growing(now + 10000)); /* nothing mapped since */
+  free(p);
+}
+
 /* Span segments all free go back to the segment cache once their pages
  * have been idle for the purge delay, and from there to the OS (but the
  * first one, which may hold a block of the runtime's). */
