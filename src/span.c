@@ -585,13 +585,16 @@ static void retire_idle(hak_heap_t *heap) {
  * taken (from a fresh run, by address); for the first, the page heap may
  * take a new segment. Returns how many. */
 static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
-  hak_block_t *head = NULL, *tail = NULL;
+  /* linked once the lock is dropped: writing a link may fault a page in,
+   * which other threads would wait for */
+  void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
+  HAK_ASSERT(n <= sizeof taken / sizeof taken[0]);
   bool clean = true;
   unsigned got = 0;
   pthread_mutex_lock(&hak_span_lock);
   while (got < n) {
     bool zero;
-    hak_block_t *b = block_take(cls, &zero);
+    void *b = block_take(cls, &zero);
     if (b == NULL) {
       if (got > 0) break;
       pthread_mutex_unlock(&hak_span_lock);
@@ -601,14 +604,15 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
       if (seg == NULL || !segment_add(seg, state)) break;
       continue;
     }
-    got++;
+    taken[got++] = b;
     clean &= zero;
-    hak_set_next(b, NULL);
-    if (tail) hak_set_next(tail, b);
-    else head = b;
-    tail = b;
   }
   pthread_mutex_unlock(&hak_span_lock);
+  hak_block_t *head = NULL;
+  for (unsigned i = got; i-- > 0;) {
+    hak_set_next(taken[i], head);
+    head = taken[i];
+  }
   heap->free[cls] = head;
   size_t c = cls - HAK_SLAB_CLASSES;
   heap->span_room[c] = (uint16_t)(heap->span_max[c] - got);
