@@ -16,6 +16,28 @@ static hak_heap_t *heaps_live;
  * 16.8 taking the one parked last). */
 static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static hak_heap_t *heaps_pool;
+
+/* A parked heap whose blocks have all been freed waits, its slabs ready,
+ * for the next new thread (which takes it before any other), instead of
+ * retiring at once: a new thread then carves no blocks and faults in no
+ * pages (larson 4t 10-1000: 1.23x as fast). Only HAK_KEEP_EMPTY_HEAPS
+ * wait, so that a burst of exiting threads does not keep a burst of
+ * memory. */
+static _Atomic size_t empty_parked;
+
+static bool empty_place_take(void) {
+  size_t n = atomic_load_explicit(&empty_parked, memory_order_relaxed);
+  while (n < HAK_KEEP_EMPTY_HEAPS)
+    if (atomic_compare_exchange_weak(&empty_parked, &n, n + 1)) return true;
+  return false;
+}
+
+/* Under hak_heaps_lock, as h leaves the parked list. */
+static void empty_place_drop(hak_heap_t *h) {
+  if (!h->parked_empty) return;
+  h->parked_empty = false;
+  atomic_fetch_sub(&empty_parked, 1);
+}
 static uint8_t *pool_cursor;
 static size_t pool_left;
 
@@ -36,7 +58,8 @@ static void heap_unpark(hak_heap_t *h) {
   pthread_mutex_unlock(&h->lock);
 }
 
-/* A heap for the thread of token: the heap parked longest, else a new one;
+/* A heap for the thread of token: an empty parked heap, else the one parked
+ * longest, else a new one;
  * *stale is set to a live heap left with the same token by a dead thread
  * whose pointer this one reuses. */
 static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
@@ -44,10 +67,18 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
   *stale = NULL;
   for (hak_heap_t *l = heaps_live; l; l = l->next)
     if (l->token == token) *stale = l;
-  hak_heap_t *h = heaps_parked;
+  hak_heap_t **pp = &heaps_parked;
+  for (hak_heap_t **e = pp; *e; e = &(*e)->parked_next) {
+    if ((*e)->parked_empty) {
+      pp = e;
+      break;
+    }
+  }
+  hak_heap_t *h = *pp;
   if (h) {
-    heaps_parked = h->parked_next;
-    if (heaps_parked == NULL) heaps_parked_end = &heaps_parked;
+    *pp = h->parked_next;
+    if (*pp == NULL) heaps_parked_end = pp;
+    empty_place_drop(h);
     h->token = token;
     pthread_mutex_unlock(&hak_heaps_lock);
     heap_unpark(h);
@@ -141,6 +172,7 @@ static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
     if (one ? h == one
             : all || now - h->parked_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
       *pp = h->parked_next;
+      empty_place_drop(h);
       h->parked_next = out;
       out = h;
     } else {
@@ -149,6 +181,13 @@ static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
   }
   heaps_parked_end = pp;
   return out;
+}
+
+/* Whether h is parked still (a new thread or the purger may have taken it). */
+static bool is_parked(const hak_heap_t *h) {
+  for (const hak_heap_t *p = heaps_parked; p; p = p->parked_next)
+    if (p == h) return true;
+  return false;
 }
 
 static void parked_retire(hak_heap_t *list) {
@@ -181,13 +220,13 @@ static uint32_t slabs_live(hak_heap_t *heap) {
  * of each starting its own while the last one's are still committed. The
  * heap owns nothing while parked: its slabs' owner is 0, and frees into
  * them take the heap's lock. It retires (its segments are abandoned, the
- * empty ones cached) when its last block is freed, or after the purge
- * delay (the purger's job: without the purger, and for a heap with no
- * block in use, it retires at once). */
+ * empty ones cached) after the purge delay (the purger's job: without the
+ * purger it retires at once), or when its last block is freed and enough
+ * empty heaps wait already. */
 static void heap_park(hak_heap_t *heap) {
   heap_let_go(heap);
   heap->parked_live = slabs_live(heap);
-  if (heap->parked_live == 0) {
+  if (heap->parked_live == 0 && !(heap->parked_empty = empty_place_take())) {
     heap_abandon(heap);
     return;
   }
@@ -213,7 +252,8 @@ void hak_heap_done(hak_heap_t *heap) {
 
 /* Frees b as the heap's owner would, under its lock: a slab that empties
  * goes back to its segment, but for its class's first (a new owner would
- * take a slab for the class at once), and a heap that empties retires. */
+ * take a slab for the class at once), and a heap that empties waits for a
+ * new thread, or retires if enough do. */
 bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
   pthread_mutex_lock(&heap->lock);
   bool parked = heap->parked && atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap;
@@ -234,7 +274,9 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
   pthread_mutex_unlock(&heap->lock);
   if (emptied) {
     pthread_mutex_lock(&hak_heaps_lock);
-    hak_heap_t *h = parked_take(false, 0, heap); /* unless a new thread took it */
+    hak_heap_t *h = NULL;
+    if (is_parked(heap) && !(heap->parked_empty = empty_place_take()))
+      h = parked_take(false, 0, heap);
     pthread_mutex_unlock(&hak_heaps_lock);
     parked_retire(h);
   }
@@ -354,6 +396,7 @@ bool hak_heaps_purge_due(uint64_t now) {
 
 void hak_heaps_abandon_others(hak_heap_t *keep) {
   heaps_parked = NULL;
+  atomic_store(&empty_parked, 0);
   heaps_parked_end = &heaps_parked;
   hak_heap_t *h = heaps_live;
   while (h) {

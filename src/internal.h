@@ -286,6 +286,8 @@ void hak_heap_done(hak_heap_t *heap);
 void hak_heap_collect(hak_heap_t *heap, bool force);
 void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */
 void hak_heaps_retire_parked(void); /* the heaps of exited threads, now */
+/* Parked heaps with no block in use that may wait for a new thread. */
+#define HAK_KEEP_EMPTY_HEAPS 4
 /* Frees b, a checked block of slab, whose heap is parked; false if the
  * heap is not parked any more. */
 bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b);

@@ -1,5 +1,5 @@
 /* Segments: 4 MiB aligned regions of 64 units of 64 KiB. A slab is a run
- * of 1 or 4 units, placed where the most units are still committed; a
+ * of 1 or 2 units, placed where the most units are still committed; a
  * freed slab's units serve slabs of any class. A segment belongs to one
  * heap, is abandoned when its thread exits (and adopted by the next heap
  * that needs a slab), and goes to a small global cache when all its units

@@ -330,7 +330,7 @@ static void class_retire(hak_heap_t *heap, size_t cls) {
 
 /* Units of a new slab of cls. A small class that has filled a slab of the
  * heap is busy (random_mixed ws=8192 keeps ~300 blocks of each of its
- * classes live, on 3 to 5 slabs of one unit): its next slabs are four units
+ * classes live, on 3 to 5 slabs of one unit): its next slabs are two units
  * long, so that more of its frees go to the attached slab, whose blocks
  * malloc takes next while they are in cache, and fewer refills take blocks
  * freed long ago to other slabs. A class with few blocks keeps one unit. */

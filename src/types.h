@@ -5,7 +5,7 @@
  *   options, stats and init are used by every layer and use only os.
  *
  * Memory is taken from the OS in 4 MiB aligned *segments*. A slab segment
- * is 64 *units* of 64 KiB; a slab is a run of 1 unit (4 for a small class
+ * is 64 *units* of 64 KiB; a slab is a run of 1 unit (2 for a small class
  * that filled a slab; shorter when only that many committed units are
  * free) and holds blocks of one size class up to 7 KiB. A span segment is
  * 1024 pages of 4 KiB; a block of 8 KiB to 256 KiB is a run of whole pages
@@ -53,7 +53,7 @@ enum {
   HAK_KIND_SPANS = 1, /* one block per run of pages, HAK_SLAB_MAX < size <= HAK_BIG_MAX */
   HAK_KIND_LARGE = 2, /* a single large block */
 };
-#define HAK_BUSY_SMALL_UNITS 4 /* a small class's slabs once it filled one (slab.c) */
+#define HAK_BUSY_SMALL_UNITS 2 /* a small class's slabs once it filled one (slab.c) */
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */
@@ -236,6 +236,7 @@ struct hak_heap_s {
    * (under `lock`; free reads it unlocked as a hint). */
   bool parked;
   uint32_t parked_live; /* its slabs with blocks in use, while parked */
+  bool parked_empty;    /* parked with none: holds one of heap.c's places for those */
   hak_heap_t *parked_next;
   uint64_t parked_since_ms;
 };

@@ -653,9 +653,9 @@ TEST(segments_with_free_units_come_first) {
   CHECK(hak_segment_of(q) == seg);
 }
 
-/* A small class that filled a slab is busy: its next slab is four units
- * long, so more of its frees go to the attached slab. */
-TEST(small_class_that_filled_a_slab_takes_four_units) {
+/* A small class that filled a slab is busy: its next slab is longer, so
+ * more of its frees go to the attached slab. */
+TEST(small_class_that_filled_a_slab_takes_longer_slabs) {
   enum { N = 200 }; /* 768 B blocks: at most 85 fit one unit */
   void *ps[N];
   start_purger(); /* before: starting it allocates */
@@ -666,7 +666,7 @@ TEST(small_class_that_filled_a_slab_takes_four_units) {
   CHECK(first->state == HAK_SLAB_FULL);
   CHECK(last != first);
   CHECK_MSG(last->units == HAK_BUSY_SMALL_UNITS, "units %u", last->units);
-  CHECK(last->capacity > 3 * first->capacity);
+  CHECK(last->capacity > (HAK_BUSY_SMALL_UNITS - 1) * first->capacity);
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
@@ -1540,18 +1540,62 @@ TEST(new_thread_takes_the_heap_parked_longest) {
   free(q);
 }
 
-TEST(parked_heap_retires_when_its_last_block_is_freed) {
+TEST(emptied_parked_heap_waits_for_the_next_thread) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
-  void *ps[100];
+  void *ps[100], *q;
   run_thread(alloc_and_exit, ps);
   hak_segment_t *seg = hak_segment_of(ps[0]);
-  REQUIRE(atomic_load(&seg->heap) != NULL);
+  hak_heap_t *parked = atomic_load(&seg->heap);
+  REQUIRE(parked != NULL);
   for (int i = 0; i < 99; i++) free(ps[i]);
-  CHECK(atomic_load(&seg->heap) != NULL); /* one block left: still parked */
+  CHECK(!parked->parked_empty); /* one block left */
   free(ps[99]);
-  CHECK(atomic_load(&seg->heap) == NULL); /* retired: its empty segment cached */
-  CHECK(seg->free_units == UINT64_MAX);
+  CHECK(atomic_load(&seg->heap) == parked && parked->parked_empty); /* not retired */
+  void *p = ps[99];
+  run_thread(alloc_one, &q);
+  CHECK(hak_segment_of(q) == seg); /* the new thread took it */
+  CHECK_MSG(q == p, "%p, not the block freed last %p", q, p); /* its lists were ready */
+  free(q);
+}
+
+/* Threads alive at once (so each has a heap of its own) that free their
+ * blocks and exit one after the other. */
+enum { EMPTY_EXITERS = HAK_KEEP_EMPTY_HEAPS + 1 };
+static pthread_barrier_t exiters_ready;
+static sem_t exiter_turn[EMPTY_EXITERS];
+static void *alloc_free_and_exit_in_turn(void *arg) {
+  int i = (int)(intptr_t)((void **)arg)[0];
+  void *p = malloc(64);
+  ((void **)arg)[1] = p;
+  pthread_barrier_wait(&exiters_ready);
+  sem_wait(&exiter_turn[i]);
+  free(p);
+  return NULL;
+}
+
+TEST(only_a_few_empty_heaps_wait) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *arg[EMPTY_EXITERS][2];
+  pthread_t t[EMPTY_EXITERS];
+  pthread_barrier_init(&exiters_ready, NULL, EMPTY_EXITERS);
+  for (int i = 0; i < EMPTY_EXITERS; i++) {
+    sem_init(&exiter_turn[i], 0, 0);
+    arg[i][0] = (void *)(intptr_t)i;
+    REQUIRE(pthread_create(&t[i], NULL, alloc_free_and_exit_in_turn, arg[i]) == 0);
+  }
+  for (int i = 0; i < EMPTY_EXITERS; i++) {
+    sem_post(&exiter_turn[i]);
+    pthread_join(t[i], NULL);
+  }
+  for (int i = 0; i < EMPTY_EXITERS; i++) {
+    hak_heap_t *h = atomic_load(&hak_segment_of(arg[i][1])->heap);
+    if (i < HAK_KEEP_EMPTY_HEAPS)
+      CHECK_MSG(h != NULL && h->parked_empty, "heap %d retired", i);
+    else
+      CHECK_MSG(h == NULL, "heap %d waits too", i); /* retired: its segment abandoned */
+  }
 }
 
 /* Fills a slab of 1000-byte blocks and keeps one 64-byte block; exits
@@ -1569,7 +1613,7 @@ static void *fill_then_wait(void *arg) {
   return NULL;
 }
 
-TEST(parked_heap_retires_when_its_last_block_is_freed_after_full_slabs_emptied) {
+TEST(parked_heap_empties_when_its_last_block_is_freed_after_full_slabs_emptied) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   fill_t f;
@@ -1584,9 +1628,10 @@ TEST(parked_heap_retires_when_its_last_block_is_freed_after_full_slabs_emptied) 
   sem_post(&f.freed);
   pthread_join(t, NULL);
   hak_segment_t *seg = hak_segment_of(f.keep);
-  REQUIRE(atomic_load(&seg->heap) != NULL); /* parked */
+  hak_heap_t *parked = atomic_load(&seg->heap);
+  REQUIRE(parked != NULL && !parked->parked_empty);
   free(f.keep);
-  CHECK(atomic_load(&seg->heap) == NULL); /* the emptied FULL slab did not count */
+  CHECK(parked->parked_empty); /* the emptied FULL slab did not count */
 }
 
 /* A thread's 100 blocks, all but the last freed here: its heap stays parked. */
