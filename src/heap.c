@@ -16,6 +16,10 @@ static hak_heap_t *heaps_live;
  * 16.8 taking the one parked last). */
 static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static hak_heap_t *heaps_pool;
+static uint8_t *pool_cursor;
+static size_t pool_left;
+
+#define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
 /* A parked heap whose blocks have all been freed waits, its slabs ready,
  * for the next new thread (which takes it before any other), instead of
@@ -32,16 +36,18 @@ static bool empty_place_take(void) {
   return false;
 }
 
-/* Under hak_heaps_lock, as h leaves the parked list. */
-static void empty_place_drop(hak_heap_t *h) {
-  if (!h->parked_empty) return;
-  h->parked_empty = false;
-  atomic_fetch_sub(&empty_parked, 1);
+/* Takes the heap at *pp off the parked list (under hak_heaps_lock). */
+static hak_heap_t *parked_unlink(hak_heap_t **pp) {
+  hak_heap_t *h = *pp;
+  *pp = h->parked_next;
+  if (*pp == NULL) heaps_parked_end = pp;
+  h->parked_next = NULL;
+  if (h->parked_empty) {
+    h->parked_empty = false;
+    atomic_fetch_sub(&empty_parked, 1);
+  }
+  return h;
 }
-static uint8_t *pool_cursor;
-static size_t pool_left;
-
-#define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
 /* The heap's ACTIVE slabs take token as their owner (0 while parked). */
 static void queue_owners(hak_heap_t *h, uintptr_t token) {
@@ -74,11 +80,8 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
       break;
     }
   }
-  hak_heap_t *h = *pp;
+  hak_heap_t *h = *pp ? parked_unlink(pp) : NULL;
   if (h) {
-    *pp = h->parked_next;
-    if (*pp == NULL) heaps_parked_end = pp;
-    empty_place_drop(h);
     h->token = token;
     pthread_mutex_unlock(&hak_heaps_lock);
     heap_unpark(h);
@@ -164,30 +167,27 @@ static void heap_retire(hak_heap_t *heap) {
 }
 
 /* Takes the parked heaps off their list: all of them, or those parked for
- * the purge delay, or just `one`; the caller retires them, holding no lock. */
-static hak_heap_t *parked_take(bool all, uint64_t now, hak_heap_t *one) {
+ * the purge delay; the caller retires them, holding no lock. */
+static hak_heap_t *parked_take(bool all, uint64_t now) {
   hak_heap_t *out = NULL, **pp = &heaps_parked;
   while (*pp) {
-    hak_heap_t *h = *pp;
-    if (one ? h == one
-            : all || now - h->parked_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
-      *pp = h->parked_next;
-      empty_place_drop(h);
+    if (all || now - (*pp)->parked_since_ms >= (uint64_t)hak_opt.purge_delay_ms) {
+      hak_heap_t *h = parked_unlink(pp);
       h->parked_next = out;
       out = h;
     } else {
-      pp = &h->parked_next;
+      pp = &(*pp)->parked_next;
     }
   }
-  heaps_parked_end = pp;
   return out;
 }
 
-/* Whether h is parked still (a new thread or the purger may have taken it). */
-static bool is_parked(const hak_heap_t *h) {
-  for (const hak_heap_t *p = heaps_parked; p; p = p->parked_next)
-    if (p == h) return true;
-  return false;
+/* The link to h in the parked list; NULL if a new thread or the purger
+ * has taken it. */
+static hak_heap_t **parked_link(const hak_heap_t *h) {
+  for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
+    if (*pp == h) return pp;
+  return NULL;
 }
 
 static void parked_retire(hak_heap_t *list) {
@@ -274,9 +274,8 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
   pthread_mutex_unlock(&heap->lock);
   if (emptied) {
     pthread_mutex_lock(&hak_heaps_lock);
-    hak_heap_t *h = NULL;
-    if (is_parked(heap) && !(heap->parked_empty = empty_place_take()))
-      h = parked_take(false, 0, heap);
+    hak_heap_t **pp = parked_link(heap), *h = NULL;
+    if (pp && !(heap->parked_empty = empty_place_take())) h = parked_unlink(pp);
     pthread_mutex_unlock(&hak_heaps_lock);
     parked_retire(h);
   }
@@ -346,7 +345,7 @@ void hak_heaps_usage(hak_usage_t *u) {
 
 void hak_heaps_retire_parked(void) {
   pthread_mutex_lock(&hak_heaps_lock);
-  hak_heap_t *parked = parked_take(true, 0, NULL);
+  hak_heap_t *parked = parked_take(true, 0);
   pthread_mutex_unlock(&hak_heaps_lock);
   parked_retire(parked);
 }
@@ -387,7 +386,7 @@ bool hak_heaps_purge_due(uint64_t now) {
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);
   }
-  hak_heap_t *expired = parked_take(false, now, NULL);
+  hak_heap_t *expired = parked_take(false, now);
   pending |= heaps_parked != NULL;
   pthread_mutex_unlock(&hak_heaps_lock);
   parked_retire(expired);
