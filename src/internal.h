@@ -81,8 +81,9 @@ extern _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 /* What a chunk's byte says, so that free goes to its tier in one compare. */
 enum {
   HAK_SEGMAP_NONE = 0,  /* not ours */
-  HAK_SEGMAP_SLABS = 1, /* a slab segment, or a large block's */
+  HAK_SEGMAP_SLABS = 1, /* a slab segment, or a large block's own mapping */
   HAK_SEGMAP_SPANS = 2, /* a span segment */
+  HAK_SEGMAP_LARGE = 3, /* the large arena: headers at HAK_LARGE_GRAIN boundaries */
 };
 
 /* The byte of (p - 1)'s chunk. NULL maps to the last chunk of the address
@@ -102,14 +103,18 @@ HAK_INLINE bool hak_segmap_usable(const void *p) {
   return ((uintptr_t)p >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1;
 }
 
+/* The header of the arena block that (p - 1) is in the first chunk of,
+ * or NULL (large.c). */
+hak_segment_t *hak_large_header(const void *p);
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
-  if (HAK_UNLIKELY(!hak_segmap_has(p))) return NULL;
+  uint8_t m = hak_segmap_of(p);
+  if (HAK_UNLIKELY(m == HAK_SEGMAP_NONE)) return NULL;
+  if (HAK_UNLIKELY(m == HAK_SEGMAP_LARGE)) return hak_large_header(p);
   return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
 }
-/* p & HAK_SEG_MASK is p's offset from its segment, except for a large
- * block aligned to 4 MiB (its header is in the chunk before): 0, which
- * maps to slab 0 all the same. */
+/* p & HAK_SEG_MASK is p's offset from its segment. A large block's header
+ * maps every unit to its slabs[0] (large.c), wherever in the 4 MiB p is. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
   return seg->unit_slab[((uintptr_t)p & HAK_SEG_MASK) >> HAK_UNIT_SHIFT];
 }

@@ -1,9 +1,10 @@
 /* Large blocks (> 256 KiB or alignment > 4 KiB). Each starts one page (or
- * its alignment) after a header at a segment boundary, so free finds the
- * header as for slab blocks.
+ * its alignment) after a header: in the arena, at a chunk boundary, which
+ * free finds through the segment map's HAK_SEGMAP_LARGE (hak_large_header);
+ * in a mapping of its own, at a segment boundary, as for slab blocks.
  *
- * They are carved from an arena: a reserved range of address space counted
- * in segment-sized chunks. A freed block leaves its chunks free but still
+ * The arena is a reserved range of address space counted in 2 MiB chunks
+ * (HAK_LARGE_GRAIN). A freed block leaves its chunks free but still
  * committed. Page faults are what large blocks cost, so a new block goes
  * where it reuses the most committed bytes, and its chunks that would still
  * fault take the pages of other free chunks (moved with mremap). Adjacent
@@ -11,15 +12,19 @@
  * place into free chunks after it. A free chunk is purged once it has been
  * idle for the purge delay, or sooner when free committed bytes exceed
  * HAKMEM_LARGE_CACHE_MB (or the live bytes, if more). A block the arena
- * cannot hold (alignment above a segment, or no room) gets a mapping of its
+ * cannot hold (alignment above a chunk, or no room) gets a mapping of its
  * own, unmapped when freed. */
 #define _GNU_SOURCE
 #include "internal.h"
 
 pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define ARENA_CHUNKS ((size_t)16384) /* 64 GiB of address space */
-#define ARENA_MAX_BLOCK (ARENA_CHUNKS / 4 * HAK_SEG_SIZE)
+#define GRAIN_SHIFT HAK_LARGE_GRAIN_SHIFT
+#define GRAIN HAK_LARGE_GRAIN
+#define GRAIN_MASK (GRAIN - 1)
+#define ARENA_BYTES ((size_t)64 << 30) /* of address space */
+#define ARENA_CHUNKS (ARENA_BYTES >> GRAIN_SHIFT)
+#define ARENA_MAX_BLOCK (ARENA_BYTES / 4)
 
 /* Chunk states, all under hak_large_lock. */
 enum {
@@ -36,25 +41,30 @@ static uint64_t freed_ms[ARENA_CHUNKS];
 /* Bytes of a chunk that may be committed: the most any block has used of
  * it since its last purge. */
 static uint32_t dirt[ARENA_CHUNKS];
+/* Chunk i holds a block's header: set by malloc, cleared when the chunk
+ * is reused for another block's body or purged, so that freeing a block
+ * again is reported as a double free, and a pointer into a body chunk as
+ * an invalid one. */
+static uint8_t head_mark[ARENA_CHUNKS];
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
 static size_t dirty_bytes;
 
 static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
-static size_t chunks_of(size_t map_size) { return (map_size + HAK_SEG_MASK) >> HAK_SEG_SHIFT; }
-static uint8_t *chunk_addr(size_t i) { return arena + (i << HAK_SEG_SHIFT); }
+static size_t chunks_of(size_t map_size) { return (map_size + GRAIN_MASK) >> GRAIN_SHIFT; }
+static uint8_t *chunk_addr(size_t i) { return arena + (i << GRAIN_SHIFT); }
 static size_t chunk_index(const void *p) {
-  return (size_t)((const uint8_t *)p - arena) >> HAK_SEG_SHIFT;
+  return (size_t)((const uint8_t *)p - arena) >> GRAIN_SHIFT;
 }
 /* Bytes of its k-th chunk that a block of `bytes` bytes uses. */
 static size_t chunk_use(size_t bytes, size_t k) {
-  size_t from = k << HAK_SEG_SHIFT;
+  size_t from = k << GRAIN_SHIFT;
   if (bytes <= from) return 0;
-  return bytes - from < HAK_SEG_SIZE ? bytes - from : HAK_SEG_SIZE;
+  return bytes - from < GRAIN ? bytes - from : GRAIN;
 }
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
-         (const uint8_t *)p < arena + ARENA_CHUNKS * HAK_SEG_SIZE;
+         (const uint8_t *)p < arena + ARENA_BYTES;
 }
 
 /* Every unit maps to slabs[0] by address: set again when the header moves
@@ -67,7 +77,6 @@ static void header_units(hak_segment_t *s) {
 static void header_moved(hak_segment_t *s, size_t map_size) {
   s->map_size = map_size;
   header_units(s);
-  hak_segmap_set(s, HAK_SEGMAP_SLABS);
 }
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
@@ -78,14 +87,13 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
   s->map_size = map_size;
   s->large_offset = offset;
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
-  hak_segmap_set(s, HAK_SEGMAP_SLABS);
 }
 
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
-  uint8_t *a = hak_os_reserve(ARENA_CHUNKS * HAK_SEG_SIZE, HAK_SEG_SIZE);
-  if (a != NULL && !hak_segmap_usable(a + (ARENA_CHUNKS - 1) * HAK_SEG_SIZE)) {
-    hak_os_unreserve(a, ARENA_CHUNKS * HAK_SEG_SIZE);
+  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
+  if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
+    hak_os_unreserve(a, ARENA_BYTES);
     a = NULL;
   }
   arena_failed = a == NULL;
@@ -111,7 +119,7 @@ static void dirt_fold(size_t k, size_t used) {
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
   chunk[k] = CH_FRESH;
-  hak_segmap_set((hak_segment_t *)chunk_addr(k), HAK_SEGMAP_NONE);
+  head_mark[k] = 0;
   dirty_add(dirt[k], false);
   dirt[k] = 0;
 }
@@ -123,13 +131,17 @@ static void chunks_claim(size_t i, size_t n, bool first) {
     if (chunk[k] == CH_DIRTY) {
       dirty_add(dirt[k], false);
     } else {
-      hak_stats_mapped(HAK_SEG_SIZE, true);
+      hak_stats_mapped(GRAIN, true);
     }
     chunk[k] = first && k == i ? CH_HEAD : CH_BODY;
     live_chunks++;
-    if (k != i || !first) hak_segmap_set((hak_segment_t *)chunk_addr(k), HAK_SEGMAP_NONE);
+    head_mark[k] = first && k == i;
   }
-  if (i + n > high) high = i + n;
+  /* the segment map sends every pointer of the arena's segments used so
+   * far to hak_large_header */
+  for (; high < i + n; high++)
+    if ((high & (HAK_SEG_MASK >> GRAIN_SHIFT)) == 0)
+      hak_segmap_set((hak_segment_t *)chunk_addr(high), HAK_SEGMAP_LARGE);
 }
 
 /* Chunks [i, i + n) are free again, their pages kept; `used` bytes from
@@ -204,7 +216,7 @@ static bool arena_purge_locked(bool force, uint64_t older) {
       chunk_forget(j);
       j++;
     }
-    hak_os_decommit(chunk_addr(i), (j - i) << HAK_SEG_SHIFT);
+    hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT);
     i = j;
   }
   return dirty_bytes != 0;
@@ -213,7 +225,7 @@ static bool arena_purge_locked(bool force, uint64_t older) {
 /* Keeps free committed chunks within HAKMEM_LARGE_CACHE_MB, or the bytes of
  * live blocks if more, purging the longest idle first. */
 static void arena_trim_locked(void) {
-  size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << HAK_SEG_SHIFT;
+  size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
   if (limit && live > limit) limit = live; /* a program with more live churns more */
   while (dirty_bytes > limit) {
     uint64_t oldest = UINT64_MAX;
@@ -223,10 +235,12 @@ static void arena_trim_locked(void) {
   }
 }
 
-/* Moving committed pages costs about 12 ns a page (one mremap of a whole
- * chunk); faulting in new ones about 1.7 us. So a block that would fault in
- * a chunk's worth of pages takes them from a free committed chunk instead,
- * if any has at least 64 KiB more of them. */
+/* Moving committed pages costs less than faulting in new ones: on bare
+ * metal about 12 ns a page (one mremap of a whole chunk, a page table
+ * relinked) against 1.7 us; on a VM with shadow page tables about 6 us at
+ * the page's first touch against 12 us. So a block that would fault in a
+ * chunk's worth of pages takes them from a free committed chunk instead, if
+ * any has at least 64 KiB more of them. */
 #define DONATE_MIN ((size_t)65536)
 
 /* Chunk k of a block needs `need` bytes from its start: moves there the
@@ -245,10 +259,10 @@ static void chunk_fill(size_t k, size_t need) {
   if (donor == SIZE_MAX) return;
   /* the whole chunk, so each chunk stays one mapping (else a later move
    * of it would fail) and the donor is left all zero */
-  if (!hak_os_move(chunk_addr(donor), HAK_SEG_SIZE, chunk_addr(k))) return;
+  if (!hak_os_move(chunk_addr(donor), GRAIN, chunk_addr(k))) return;
   dirt[k] = dirt[donor];
   chunk_forget(donor);
-  hak_stats_mapped(HAK_SEG_SIZE, false);
+  hak_stats_mapped(GRAIN, false);
 }
 
 /* Fills the chunks of a block of map_size bytes at chunk i from chunk
@@ -307,7 +321,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   hak_segment_t *r = seg;
   pthread_mutex_lock(&hak_large_lock);
   if (new_map <= seg->map_size) {
-    if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << HAK_SEG_SHIFT));
+    if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << GRAIN_SHIFT));
     /* the last chunk kept stays committed as far as the block used it */
     dirt_fold(i + m - 1, chunk_use(seg->map_size, m - 1));
     seg->map_size = new_map;
@@ -336,7 +350,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
    * its own (see chunk_fill) */
   size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
   for (size_t k = 0; k < n; k++) {
-    if (!hak_os_move(chunk_addr(i + k), HAK_SEG_SIZE, chunk_addr(j + k))) {
+    if (!hak_os_move(chunk_addr(i + k), GRAIN, chunk_addr(j + k))) {
       if (k > 0) hak_fatal("hakmem: mremap of a large block's chunk failed: errno %d", errno);
       chunks_release(j, m, 0); /* e.g. a guard page split the head chunk: copy */
       goto out;
@@ -349,8 +363,8 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     dirt[i + k] = 0;
   }
   block_fill(j, new_map, j + n);
-  hak_segmap_set(seg, HAK_SEGMAP_NONE);
-  hak_stats_mapped(n << HAK_SEG_SHIFT, false);
+  head_mark[i] = 0;
+  hak_stats_mapped(n << GRAIN_SHIFT, false);
   header_moved(dst, new_map);
   r = dst;
 out:
@@ -381,6 +395,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     return NULL;
   }
   header_init((hak_segment_t *)seg, map_size, offset, true);
+  hak_segmap_set((hak_segment_t *)seg, HAK_SEGMAP_SLABS);
   return (hak_segment_t *)seg;
 }
 
@@ -389,9 +404,14 @@ static void large_unmap(hak_segment_t *seg) {
   hak_os_unmap(seg, seg->map_size);
 }
 
+hak_segment_t *hak_large_header(const void *p) {
+  size_t i = chunk_index((const uint8_t *)p - 1);
+  return in_arena((const uint8_t *)p - 1) && head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
+}
+
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset) {
   hak_segment_t *seg = NULL;
-  if (align <= HAK_SEG_SIZE && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
+  if (align <= GRAIN && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
   return seg != NULL ? seg : large_map(map_size, align, offset);
 }
 
@@ -493,6 +513,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   hak_os_unmap(raw, (size_t)(dst - raw));
   hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
   header_moved(moved, new_map);
+  hak_segmap_set(moved, HAK_SEGMAP_SLABS);
   return moved;
 }
 

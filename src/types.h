@@ -69,6 +69,10 @@ enum {
 #define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
 #define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
 #define HAK_BIG_MAX ((size_t)262144)
+/* Large blocks in the arena start at multiples of 2 MiB: finer placement
+ * than a segment, and a whole page table for each chunk mremap moves. */
+#define HAK_LARGE_GRAIN_SHIFT 21
+#define HAK_LARGE_GRAIN ((size_t)1 << HAK_LARGE_GRAIN_SHIFT)
 #define HAK_SMALL_CLASSES 32
 #define HAK_SLAB_CLASSES 43 /* classes below live in slabs, the others in spans */
 #define HAK_CLASSES 62

@@ -126,6 +126,20 @@ static void do_free_interior_large(int fd) {
 }
 TEST(free_of_interior_pointer_of_1MiB_block_aborts) { expect_abort(do_free_interior_large, INVALID); }
 
+/* One page past a 4 MiB boundary inside a large block: where a block after
+ * a header would start, in a chunk of the block's body. */
+static void do_free_large_body_chunk(int fd) {
+  char *p = malloc(16 << 20);
+  REQUIRE(p);
+  uintptr_t m = ((uintptr_t)4 << 20) - 1;
+  char *q = (char *)((((uintptr_t)p + m) & ~m) + 4096);
+  announce(fd, q);
+  free(q);
+}
+TEST(free_of_pointer_in_a_large_block_body_chunk_aborts) {
+  expect_abort(do_free_large_body_chunk, INVALID);
+}
+
 static void do_free_mmap(int fd) {
   void *m = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(m != MAP_FAILED);

@@ -248,15 +248,28 @@ TEST(freed_large_block_pages_serve_a_smaller_one) {
   free(c);
 }
 
-TEST(adjacent_free_large_blocks_merge) {
-  hak_opt.purge_delay_ms = 100000;
-  size_t sz = (size_t)5 << 20;
-  uint8_t *a = malloc(sz), *b = malloc(sz), *guard = malloc(sz);
-  REQUIRE(a && b && guard);
-  REQUIRE(b == a + 2 * HAK_SEG_SIZE); /* 5 MiB + header: two chunks each */
+TEST(large_blocks_start_every_grain) {
+  uint8_t *a = malloc(HAK_LARGE_GRAIN / 2), *b = malloc(HAK_LARGE_GRAIN / 2);
+  REQUIRE(a && b);
+  CHECK(b == a + HAK_LARGE_GRAIN); /* a smaller block does not hold a whole segment */
+  CHECK(hak_segment_of(b) == (hak_segment_t *)(b - HAK_LARGE_OFFSET));
+  uint8_t *c = malloc(2 * HAK_LARGE_GRAIN); /* with its header, three chunks */
+  REQUIRE(c != NULL);
+  CHECK(hak_segment_of(c + HAK_LARGE_GRAIN) == NULL); /* its second chunk has no header */
   free(a);
   free(b);
-  uint8_t *c = malloc((size_t)14 << 20); /* needs four chunks: both runs */
+  free(c);
+}
+
+TEST(adjacent_free_large_blocks_merge) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t sz = 2 * HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
+  uint8_t *a = malloc(sz), *b = malloc(sz), *guard = malloc(sz);
+  REQUIRE(a && b && guard);
+  REQUIRE(b == a + 3 * HAK_LARGE_GRAIN); /* with its header: three chunks each */
+  free(a);
+  free(b);
+  uint8_t *c = malloc(5 * HAK_LARGE_GRAIN); /* needs six chunks: both runs */
   CHECK(c == a);
   free(c);
   free(guard);
@@ -274,10 +287,12 @@ TEST(large_realloc_grows_in_place_into_free_chunks) {
   free(r);
 }
 
-/* a: a 3 MiB block alone in its chunk, between two live blocks, so that
- * once freed its chunk is a free run too short for the next block. */
+/* A block of two chunks between two live blocks, written and freed: its
+ * chunks are a free run too short for a block of four. */
+#define TWO_CHUNKS (HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2)
+#define FOUR_CHUNKS (3 * HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2)
 static uint8_t *isolated_dirty_chunk(uint8_t **before, uint8_t **after, int fill) {
-  size_t sz = (size_t)3 << 20;
+  size_t sz = TWO_CHUNKS;
   *before = malloc(sz);
   uint8_t *a = malloc(sz);
   *after = malloc(sz);
@@ -292,7 +307,7 @@ TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
   REQUIRE(a != NULL);
   REQUIRE(resident_pages(a, 64 * 4096) == 64);
-  uint8_t *b = malloc((size_t)6 << 20); /* two chunks: cannot fit in a's */
+  uint8_t *b = malloc(FOUR_CHUNKS); /* cannot fit in a's run */
   REQUIRE(b != NULL);
   CHECK(b != a);
   int moved = resident_pages(b, 256 * 4096), left = resident_pages(a, 64 * 4096);
@@ -307,7 +322,7 @@ TEST(calloc_clears_pages_taken_from_a_free_chunk) {
   hak_opt.purge_delay_ms = 100000;
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 0xAB);
   REQUIRE(a != NULL);
-  size_t sz = (size_t)6 << 20;
+  size_t sz = FOUR_CHUNKS;
   uint8_t *b = calloc(1, sz);
   REQUIRE(b != NULL);
   CHECK(resident_pages(b, 64 * 4096) == 64);
@@ -319,18 +334,18 @@ TEST(calloc_clears_pages_taken_from_a_free_chunk) {
 
 TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
   hak_opt.purge_delay_ms = 100000;
-  size_t sz = (size_t)3 << 20;
+  size_t sz = TWO_CHUNKS;
   uint8_t *before = malloc(sz), *a = malloc(sz), *after = malloc(sz), *x = malloc(sz);
   REQUIRE(before && a && after && x > after); /* x is last: it can grow in place */
   memset(a, 9, sz);
-  free(a); /* a's chunk is too short for what x becomes */
+  free(a); /* a's run is too short for what x becomes */
   memset(x, 4, sz);
-  uint8_t *y = realloc(x, (size_t)7 << 20); /* grows into a fresh chunk */
+  uint8_t *y = realloc(x, FOUR_CHUNKS); /* grows into fresh chunks */
   REQUIRE(y != NULL);
   CHECK(y == x);
   CHECK(y[0] == 4 && y[sz - 1] == 4);
-  uint8_t *second = (uint8_t *)(((uintptr_t)y + HAK_SEG_SIZE) & ~(uintptr_t)HAK_SEG_MASK);
-  int resident = resident_pages(second, 64 * 4096);
+  uint8_t *third = y - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN; /* the first chunk grown */
+  int resident = resident_pages(third, 64 * 4096);
   CHECK_MSG(resident == 64, "%d of 64 grown pages resident", resident);
   CHECK(resident_pages(a, 64 * 4096) == 0);
   free(y);
