@@ -26,17 +26,14 @@ pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 #define ARENA_CHUNKS (ARENA_BYTES >> GRAIN_SHIFT)
 #define ARENA_MAX_BLOCK (ARENA_BYTES / 4)
 
-/* Chunk states, all under hak_large_lock. */
-enum {
-  CH_FRESH = 0, /* free, memory zero (never used or purged) */
-  CH_DIRTY,     /* free, memory committed (freed_ms says since when) */
-  CH_HEAD,      /* first chunk of a block: its header */
-  CH_BODY,      /* further chunks of a block */
-};
-
 static uint8_t *arena; /* NULL until the first large block */
 static bool arena_failed;
-static uint8_t chunk[ARENA_CHUNKS];
+/* A chunk is a block's (used), or free with its memory committed (dirty:
+ * freed_ms says since when), or free and zero (neither: never used, or
+ * purged). One bit a chunk, so that the walks below skip 64 chunks of
+ * blocks, or of anything but dirty chunks, in a word. All of the arena's
+ * state is under hak_large_lock. */
+static uint64_t used_bits[ARENA_CHUNKS / 64], dirty_bits[ARENA_CHUNKS / 64];
 static uint64_t freed_ms[ARENA_CHUNKS];
 /* Bytes of a chunk that may be committed: the most any block has used of
  * it since its last purge. */
@@ -49,6 +46,24 @@ static uint8_t head_mark[ARENA_CHUNKS];
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
 static size_t dirty_bytes;
+
+static bool bit_get(const uint64_t *bits, size_t k) { return bits[k >> 6] >> (k & 63) & 1; }
+static void bit_set(uint64_t *bits, size_t k, bool on) {
+  if (on) bits[k >> 6] |= (uint64_t)1 << (k & 63);
+  else bits[k >> 6] &= ~((uint64_t)1 << (k & 63));
+}
+/* The first chunk from i on, below high, whose bit is `on`; else high. */
+static size_t bit_next(const uint64_t *bits, size_t i, bool on) {
+  while (i < high) {
+    uint64_t w = (on ? bits[i >> 6] : ~bits[i >> 6]) >> (i & 63);
+    if (w) {
+      i += (size_t)__builtin_ctzll(w);
+      return i < high ? i : high;
+    }
+    i = (i | 63) + 1;
+  }
+  return high;
+}
 
 static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
 static size_t chunks_of(size_t map_size) { return (map_size + GRAIN_MASK) >> GRAIN_SHIFT; }
@@ -118,7 +133,7 @@ static void dirt_fold(size_t k, size_t used) {
 
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
-  chunk[k] = CH_FRESH;
+  bit_set(dirty_bits, k, false);
   head_mark[k] = 0;
   dirty_add(dirt[k], false);
   dirt[k] = 0;
@@ -128,12 +143,13 @@ static void chunk_forget(size_t k) {
  * starts counting as mapped. */
 static void chunks_claim(size_t i, size_t n, bool first) {
   for (size_t k = i; k < i + n; k++) {
-    if (chunk[k] == CH_DIRTY) {
+    if (bit_get(dirty_bits, k)) {
+      bit_set(dirty_bits, k, false);
       dirty_add(dirt[k], false);
     } else {
       hak_stats_mapped(GRAIN, true);
     }
-    chunk[k] = first && k == i ? CH_HEAD : CH_BODY;
+    bit_set(used_bits, k, true);
     live_chunks++;
     head_mark[k] = first && k == i;
   }
@@ -151,7 +167,8 @@ static void chunks_release(size_t i, size_t n, size_t used) {
   uint64_t now = hak_clock_ms();
   for (size_t k = i; k < i + n; k++) {
     dirt_fold(k, chunk_use(used, k - i));
-    chunk[k] = CH_DIRTY;
+    bit_set(used_bits, k, false);
+    bit_set(dirty_bits, k, true);
     live_chunks--;
     freed_ms[k] = now;
     dirty_add(dirt[k], true);
@@ -167,13 +184,8 @@ static void chunks_release(size_t i, size_t n, size_t used) {
 static size_t arena_find(size_t map_size, size_t *fresh) {
   size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
   size_t best = SIZE_MAX, best_cover = 0, best_waste = 0, best_len = 0;
-  for (size_t i = 0; i <= high;) {
-    if (i < high && chunk[i] >= CH_HEAD) {
-      i += chunk[i] == CH_HEAD ? chunks_of(((hak_segment_t *)chunk_addr(i))->map_size) : 1;
-      continue;
-    }
-    size_t j = i;
-    while (j < high && chunk[j] <= CH_DIRTY) j++;
+  for (size_t i = bit_next(used_bits, 0, false);; i = bit_next(used_bits, i, false)) {
+    size_t j = bit_next(used_bits, i, true);
     size_t len = j < high ? j - i : SIZE_MAX, end = j < high ? j : high + n;
     if (end > ARENA_CHUNKS) end = ARENA_CHUNKS;
     /* chunks before the last are covered up to their dirt, the last up to
@@ -204,14 +216,13 @@ static size_t arena_find(size_t map_size, size_t *fresh) {
  * at or before `older` in any case); true while some stay committed. */
 static bool arena_purge_locked(bool force, uint64_t older) {
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
-  for (size_t i = 0; i < high;) {
-    if (chunk[i] != CH_DIRTY ||
-        !(force || now - freed_ms[i] >= delay || freed_ms[i] <= older)) {
+  for (size_t i = bit_next(dirty_bits, 0, true); i < high; i = bit_next(dirty_bits, i, true)) {
+    if (!(force || now - freed_ms[i] >= delay || freed_ms[i] <= older)) {
       i++;
       continue;
     }
     size_t j = i;
-    while (j < high && chunk[j] == CH_DIRTY &&
+    while (j < high && bit_get(dirty_bits, j) &&
            (force || now - freed_ms[j] >= delay || freed_ms[j] <= older)) {
       chunk_forget(j);
       j++;
@@ -229,8 +240,8 @@ static void arena_trim_locked(void) {
   if (limit && live > limit) limit = live; /* a program with more live churns more */
   while (dirty_bytes > limit) {
     uint64_t oldest = UINT64_MAX;
-    for (size_t i = 0; i < high; i++)
-      if (chunk[i] == CH_DIRTY && freed_ms[i] < oldest) oldest = freed_ms[i];
+    for (size_t i = bit_next(dirty_bits, 0, true); i < high; i = bit_next(dirty_bits, i + 1, true))
+      if (freed_ms[i] < oldest) oldest = freed_ms[i];
     arena_purge_locked(false, oldest);
   }
 }
@@ -248,8 +259,7 @@ static void arena_trim_locked(void) {
  * committed one among those that cover them all). */
 static void chunk_fill(size_t k, size_t need) {
   size_t have = dirt[k] < need ? dirt[k] : need, donor = SIZE_MAX, got = have + DONATE_MIN - 1;
-  for (size_t d = 0; d < high; d++) {
-    if (chunk[d] != CH_DIRTY) continue;
+  for (size_t d = bit_next(dirty_bits, 0, true); d < high; d = bit_next(dirty_bits, d + 1, true)) {
     size_t c = dirt[d] < need ? dirt[d] : need;
     if (c > got || (c == got && donor != SIZE_MAX && dirt[d] < dirt[donor])) {
       donor = d;
@@ -329,7 +339,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     goto out;
   }
   bool room = i + m <= ARENA_CHUNKS;
-  for (size_t k = i + n; room && k < i + m; k++) room = k >= high || chunk[k] <= CH_DIRTY;
+  for (size_t k = i + n; room && k < i + m; k++) room = k >= high || !bit_get(used_bits, k);
   size_t fresh_there, j = arena_find(new_map, &fresh_there);
   if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size) <=
                                     fresh_there + seg->map_size / COPY_PER_FAULT)) {
@@ -358,7 +368,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */
     dirt[j + k] = dirt[i + k];
     dirt_fold(j + k, chunk_use(old_map, k));
-    chunk[i + k] = CH_FRESH;
+    bit_set(used_bits, i + k, false);
     live_chunks--;
     dirt[i + k] = 0;
   }

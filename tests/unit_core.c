@@ -261,6 +261,25 @@ TEST(large_blocks_start_every_grain) {
   free(c);
 }
 
+/* The walks skip blocks a word of chunk bits at a time: a free chunk past
+ * a hundred and more live ones is still found, and reused. */
+TEST(a_freed_large_block_past_many_live_ones_is_reused) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { N = 200 };
+  static uint8_t *b[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = malloc(HAK_LARGE_GRAIN / 2);
+    REQUIRE(b[i] != NULL);
+    b[i][0] = 1;
+  }
+  for (int i = 1; i < N; i++) REQUIRE(b[i] == b[i - 1] + HAK_LARGE_GRAIN);
+  uint8_t *freed = b[130];
+  free(freed);
+  b[130] = malloc(HAK_LARGE_GRAIN / 4); /* its committed pages win over fresh chunks */
+  CHECK(b[130] == freed);
+  for (int i = 0; i < N; i++) free(b[i]);
+}
+
 TEST(adjacent_free_large_blocks_merge) {
   hak_opt.purge_delay_ms = 100000;
   size_t sz = 2 * HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
