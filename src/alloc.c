@@ -103,8 +103,10 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
  * A span segment's units map to a FREE descriptor: its blocks are checked
  * by their page word. */
 void *hak_realloc_impl(void *p, size_t size) {
-  hak_segment_t *seg = hak_segment_of(p); /* NULL for NULL */
-  if (HAK_LIKELY(seg != NULL && seg->kind != HAK_KIND_LARGE)) {
+  uint8_t m = hak_segmap_of(p); /* NONE for NULL; the arena's blocks go generic */
+  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  if (HAK_LIKELY((m == HAK_SEGMAP_SLABS || m == HAK_SEGMAP_SPANS) &&
+                 seg->kind != HAK_KIND_LARGE)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;
     if (HAK_LIKELY(hak_slab_has_block(seg, slab, p) && size <= old && size >= old / 2)) return p;
