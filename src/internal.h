@@ -104,7 +104,8 @@ HAK_INLINE bool hak_segmap_usable(const void *p) {
 }
 
 /* The header of the arena block that (p - 1) is in the first chunk of,
- * or NULL (large.c). */
+ * or NULL; (p - 1) is in the arena: its segment-map byte is
+ * HAK_SEGMAP_LARGE (large.c). */
 hak_segment_t *hak_large_header(const void *p);
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {

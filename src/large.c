@@ -41,7 +41,8 @@ static uint32_t dirt[ARENA_CHUNKS];
 /* Chunk i holds a block's header: set by malloc, cleared when the chunk
  * is reused for another block's body or purged, so that freeing a block
  * again is reported as a double free, and a pointer into a body chunk as
- * an invalid one. */
+ * an invalid one. A byte, not a bit: free reads it without the lock, and
+ * no other chunk's update may rewrite it. */
 static uint8_t head_mark[ARENA_CHUNKS];
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
@@ -415,8 +416,9 @@ static void large_unmap(hak_segment_t *seg) {
 }
 
 hak_segment_t *hak_large_header(const void *p) {
+  HAK_ASSERT(in_arena((const uint8_t *)p - 1)); /* the segment map says so */
   size_t i = chunk_index((const uint8_t *)p - 1);
-  return in_arena((const uint8_t *)p - 1) && head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
+  return head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
 }
 
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset) {
