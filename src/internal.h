@@ -388,11 +388,12 @@ HAK_INLINE void hak_purge_start(void) {
   if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
     hak_purge_start_slow();
 }
-/* Whether the program has mapped new memory within the purge delay (as
- * seen by the callers, which look at least once per pass). Free memory
- * then waits HAK_GROWTH_WAIT delays before it is purged. */
-bool hak_purge_growing(uint64_t now);
-#define HAK_GROWTH_WAIT 4
+/* Whether the program has grown within the purge delay: mapped new memory,
+ * or (took) kept more of what it had than when the caller last looked (the
+ * callers look at least once per pass). Free memory then waits
+ * HAK_GROWTH_WAIT delays before it is purged. */
+bool hak_purge_growing(uint64_t now, bool took);
+#define HAK_GROWTH_WAIT 16
 /* Hands a mapping to the purger thread to unmap; false (nothing done) if
  * it is not running. */
 bool hak_purge_unmap_later(void *p, size_t size);

@@ -73,9 +73,9 @@ static void wait_ms(uint64_t ms) {
 static _Atomic size_t seen_mapped; /* os_mapped_total when last looked at */
 static _Atomic uint64_t grew_ms;     /* when it was seen to change */
 
-bool hak_purge_growing(uint64_t now) {
+bool hak_purge_growing(uint64_t now, bool took) {
   size_t mapped = atomic_load_explicit(&hak_gstats.os_mapped_total, memory_order_relaxed);
-  if (atomic_exchange_explicit(&seen_mapped, mapped, memory_order_relaxed) != mapped)
+  if (atomic_exchange_explicit(&seen_mapped, mapped, memory_order_relaxed) != mapped || took)
     atomic_store_explicit(&grew_ms, now, memory_order_relaxed);
   /* another caller may have seen the change a moment later */
   return now < atomic_load_explicit(&grew_ms, memory_order_relaxed) +

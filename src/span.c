@@ -45,6 +45,7 @@ static run_t *bins[2][BINS];
 static uint64_t bin_mask[2];
 static hak_segment_t *segments; /* every span segment, linked by next/prev */
 static size_t nsegments;
+static size_t pages_in_use; /* pages of blocks in every span segment */
 
 /* Run records come from a pool that always holds enough for every run the
  * segments can be cut into (free runs are separated by blocks), so giving
@@ -291,6 +292,7 @@ static void *block_take(size_t cls, bool *clean) {
   run_take_front(r, n);
   block_mark(seg, first, n, cls);
   seg->span.used_pages += n;
+  pages_in_use += n;
   return page_addr(seg, first);
 }
 
@@ -356,6 +358,7 @@ static bool run_settle(run_t *r, bool keep) {
 static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t now) {
   seg->span.page[first] = seg->span.page[first + n - 1] = 0;
   seg->span.used_pages -= n;
+  pages_in_use -= n;
   run_t *r = run_new(seg, first, n, RUN_DIRTY);
   r->since_ms = now;
   /* A segment that empties stays, its memory committed, until the purger
@@ -667,6 +670,7 @@ static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls
       run_take_front(r, m - n);
       block_mark(seg, first, m, ncls);
       seg->span.used_pages += m - n;
+      pages_in_use += m - n;
     }
   }
   pthread_mutex_unlock(&hak_span_lock);
@@ -701,6 +705,8 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
  * bigger ones paid an interrupt per hole, and faulted the holes in again). */
 #define PURGE_MIN_PAGES 16
 
+static size_t pages_in_use_seen; /* pages_in_use at the last timed purge */
+
 /* Whether every dirty run of seg has been idle for the delay. */
 static bool segment_idle(hak_segment_t *seg, uint64_t now, uint64_t delay) {
   for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
@@ -718,8 +724,12 @@ bool hak_span_purge(bool force) {
   /* While the program grows, what it freed waits: it is what it soon asks
    * for again, here no longer than any free run it has (it frees every
    * other block and then asks for bigger ones); purged, it would fault in
-   * again. */
-  uint64_t wait = hak_purge_growing(now) ? delay * HAK_GROWTH_WAIT : delay;
+   * again. Holding more span pages than at the last look is growth too:
+   * such a program refilled its segments from their free runs, and maps
+   * nothing new while it does. */
+  bool took = pages_in_use > pages_in_use_seen;
+  pages_in_use_seen = pages_in_use;
+  uint64_t wait = hak_purge_growing(now, took) ? delay * HAK_GROWTH_WAIT : delay;
   for (unsigned b = 0; b < BINS; b++) {
     if (!force && b != 0 && b < PURGE_MIN_PAGES) continue;
     for (run_t *r = bins[0][b], *next; r; r = next) {

@@ -796,6 +796,12 @@ TEST(span_cache_grows_when_it_overflowed_and_ran_dry) {
 /* Gives every span cache of this thread back to the page heap. */
 static void flush_span_caches(void) { hak_span_flush(hak_tls_heap); }
 
+/* Polls cond every 10 ms for up to 3 s: a span run freed while the program
+ * grows (as a test's own allocations make it) waits HAK_GROWTH_WAIT purge
+ * delays, not one. */
+#define WAIT_FOR(cond)                                                           \
+  for (int waited_ = 0; !(cond) && waited_ < 300; waited_++) usleep(10000)
+
 /* The point of spans: the pages a freed block gives back serve a block of
  * another size, without page faults. */
 TEST(freed_span_pages_serve_a_block_of_another_size) {
@@ -888,8 +894,7 @@ TEST(free_span_runs_are_purged_after_delay) {
   free(a);
   flush_span_caches();
   REQUIRE(resident_pages(a, 48 * 4096) == 48);
-  struct timespec ts = {0, 400 * 1000000L};
-  nanosleep(&ts, NULL);
+  WAIT_FOR(resident_pages(a, 48 * 4096) == 0);
   int resident = resident_pages(a, 48 * 4096);
   CHECK_MSG(resident == 0, "%d pages still resident", resident);
   uint8_t *b = calloc(1, 200000); /* purged pages read zero */
@@ -914,8 +919,7 @@ TEST(short_free_span_runs_wait_for_their_neighbours) {
   free(b);
   free(d);
   flush_span_caches();
-  struct timespec ts = {0, 400 * 1000000L}; /* past the wait while growing too */
-  nanosleep(&ts, NULL);
+  WAIT_FOR(resident_pages(d, 32 * 4096) == 0);
   int short_run = resident_pages(b, 5 * 4096), long_run = resident_pages(d, 32 * 4096);
   CHECK_MSG(short_run == 5, "%d of 5 pages of the short run resident", short_run);
   CHECK_MSG(long_run == 0, "%d of 32 pages of the long run resident", long_run);
@@ -932,14 +936,60 @@ TEST(short_free_span_runs_wait_for_their_neighbours) {
 TEST(purge_waits_while_the_program_maps_memory) {
   hak_opt.purge_delay_ms = 100;
   uint64_t now = hak_clock_ms();
-  hak_purge_growing(now);
+  hak_purge_growing(now, false);
   size_t mapped = atomic_load(&hak_gstats.os_mapped_total);
   char *p = malloc(64 << 20); /* fresh chunks of the large arena */
   REQUIRE(p != NULL);
   REQUIRE(atomic_load(&hak_gstats.os_mapped_total) != mapped);
-  CHECK(hak_purge_growing(now));
-  CHECK(!hak_purge_growing(now + 10000)); /* nothing mapped since */
+  CHECK(hak_purge_growing(now, false));
+  CHECK(!hak_purge_growing(now + 10000, false)); /* nothing mapped since */
   free(p);
+}
+
+/* Holding more span pages than at the purge's last look is growth too,
+ * though nothing is mapped: a run freed then waits HAK_GROWTH_WAIT delays,
+ * while it would wait one once the program stops growing. */
+TEST(span_runs_wait_while_the_program_takes_span_pages) {
+  hak_opt.purge_delay_ms = 100;
+  start_purger(); /* before: starting it allocates */
+  flush_span_caches();
+  hak_release_all();
+  enum { N = 16, H = 3 * N }; /* the thread's span cache takes holes ahead */
+  char *holes[H], *seps[H], *z[N];
+  for (int i = 0; i < H; i++) {
+    holes[i] = malloc(20000);
+    seps[i] = malloc(20000);
+    REQUIRE(holes[i] && seps[i]);
+  }
+  uint8_t *x = malloc(200000), *guard = malloc(200000);
+  REQUIRE(x && guard);
+  for (int i = 0; i < H; i++) free(holes[i]); /* 5-page runs for z, too short to purge */
+  flush_span_caches();
+  usleep(250000);
+  memset(x, 1, 200000);
+  free(x);
+  flush_span_caches();
+  usleep(150000); /* nothing taken or mapped for over a delay */
+  CHECK_MSG(resident_pages(x, 48 * 4096) == 0, "%d of 48 pages resident after a delay",
+            resident_pages(x, 48 * 4096));
+  uint8_t *y = malloc(200000);
+  REQUIRE(y != NULL);
+  memset(y, 1, 200000);
+  usleep(50000); /* the purger sees it taken */
+  free(y);
+  flush_span_caches();
+  for (int i = 0; i < N; i++) { /* 400 ms of blocks taken, none from y's run */
+    usleep(25000);
+    REQUIRE((z[i] = malloc(20000)) != NULL);
+  }
+  CHECK_MSG(resident_pages(y, 48 * 4096) == 48, "%d of 48 pages resident while growing",
+            resident_pages(y, 48 * 4096));
+  usleep(250000);
+  CHECK_MSG(resident_pages(y, 48 * 4096) == 0, "%d of 48 pages resident once growth stopped",
+            resident_pages(y, 48 * 4096));
+  for (int i = 0; i < N; i++) free(z[i]);
+  for (int i = 0; i < H; i++) free(seps[i]);
+  free(guard);
 }
 
 /* Span segments all free go back to the segment cache once their pages
@@ -957,8 +1007,8 @@ TEST(span_segments_all_free_go_back_to_the_segment_cache) {
   REQUIRE(ours >= 4);
   for (int i = 0; i < N; i++) free(ps[i]);
   flush_span_caches();
-  struct timespec ts = {0, 400 * 1000000L};
-  nanosleep(&ts, NULL); /* purged, cached, and unmapped after the delay again */
+  /* purged, cached, and unmapped after the delay again */
+  WAIT_FOR(atomic_load(&hak_gstats.segments) + ours - 1 <= segments);
   size_t now = atomic_load(&hak_gstats.segments);
   CHECK_MSG(now + ours - 1 <= segments, "segments %zu -> %zu, %zu of them spans'", segments, now,
             ours);
