@@ -35,7 +35,7 @@ HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, c
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
   check_block_shared(seg, slab, p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
-      HAK_UNLIKELY(*slab->free_to == p))
+      HAK_UNLIKELY(*hak_slab_free_to(slab) == p))
     report("double free", p);
 }
 

@@ -117,7 +117,7 @@ HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
 /* p & HAK_SEG_MASK is p's offset from its segment. A large block's header
  * maps every unit to its slabs[0] (large.c), wherever in the 4 MiB p is. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
-  return seg->unit_slab[((uintptr_t)p & HAK_SEG_MASK) >> HAK_UNIT_SHIFT];
+  return seg->unit[((uintptr_t)p & HAK_SEG_MASK) >> HAK_UNIT_SHIFT].slab;
 }
 HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
   size_t off = (size_t)slab->index << HAK_UNIT_SHIFT;
@@ -171,6 +171,10 @@ HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p);
 
 HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
   return (hak_segment_t *)((uintptr_t)slab & ~HAK_SEG_MASK);
+}
+/* Where the owner's frees into the slab go (see hak_unit_t). */
+HAK_INLINE hak_block_t **hak_slab_free_to(hak_slab_t *slab) {
+  return hak_segment_of_slab(slab)->unit[slab->index].free_to;
 }
 
 /* ---- segment.c ---- */
@@ -464,13 +468,18 @@ HAK_INLINE void hak_block_resized(void *b, size_t block_size) {}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 #endif
 
-HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
-  uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
-  hak_slab_t *slab = seg->unit_slab[off >> HAK_UNIT_SHIFT];
+/* The slab of unit if the block at offset off of the segment is one of
+ * its blocks and the slab is ours, else NULL (see hak_own_slab_of_block). */
+HAK_INLINE hak_slab_t *hak_own_slab_of_unit(const hak_unit_t *unit, uintptr_t off) {
+  hak_slab_t *slab = unit->slab;
   return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
                  hak_slab_is_block_below(slab, off, slab->block_bound) /* ours: written here */
              ? slab
              : NULL;
+}
+HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
+  uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
+  return hak_own_slab_of_unit(&seg->unit[off >> HAK_UNIT_SHIFT], off);
 }
 
 /* Pops a block of cls from the heap's list, or NULL. */
@@ -552,12 +561,14 @@ HAK_INLINE uint8_t hak_segmap_reread(const void *p) {
 HAK_INLINE void hak_free_inline(void *p) {
   hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
   if (HAK_LIKELY(hak_segmap_of(p) == HAK_SEGMAP_SLABS)) {
-    hak_slab_t *slab = hak_own_slab_of_block(seg, p);
+    uintptr_t off = (uintptr_t)p & HAK_SEG_MASK;
+    hak_unit_t *unit = &seg->unit[off >> HAK_UNIT_SHIFT];
+    hak_slab_t *slab = hak_own_slab_of_unit(unit, off);
     hak_block_t *b = (hak_block_t *)p, *head, **to;
     /* Ours, a block start (interior and misaligned pointers are not a
      * multiple of the block size), not the block freed just before.
      * Anything else goes to the generic path, which names the fault. */
-    if (HAK_LIKELY(slab != NULL && (head = *(to = slab->free_to)) != b)) {
+    if (HAK_LIKELY(slab != NULL && (head = *(to = unit->free_to)) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
 #if HAK_SECURE
       hak_check_block(seg, slab, p);

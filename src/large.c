@@ -86,7 +86,8 @@ static bool in_arena(const void *p) {
 /* Every unit maps to slabs[0] by address: set again when the header moves
  * (header_moved), or free would read the descriptor at the old address. */
 static void header_units(hak_segment_t *s) {
-  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) s->unit_slab[u] = &s->slabs[0];
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
+    s->unit[u] = (hak_unit_t){&s->slabs[0], &s->slabs[0].local_free};
 }
 
 /* The header now at s (moved by mremap) maps map_size bytes. */

@@ -277,7 +277,7 @@ static void schedule_purge(hak_heap_t *heap, uint64_t since) {
 static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   HAK_ASSERT(slab->state != HAK_SLAB_FREE && slab->used == 0);
-  HAK_ASSERT(slab->free_to == &slab->local_free);
+  HAK_ASSERT(hak_slab_free_to(slab) == &slab->local_free);
   unsigned first = slab->index, n = slab->units;
   /* Units past the blocks carved keep what they had: zero memory if the
    * slab's unreserved memory was zero. */
@@ -299,7 +299,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     __atomic_store_n(&c->block_bound, slab->block_bound, __ATOMIC_RELAXED);
     __atomic_store_n(&c->dirty_tail, 0, __ATOMIC_RELAXED); /* all of it is purged */
     c->free_since_ms = now;
-    seg->unit_slab[u] = c;
+    seg->unit[u] = (hak_unit_t){c, &c->local_free};
   }
   seg->zero_units = (seg->zero_units & ~run) | zero;
   bool was_full = seg->free_units == 0;
@@ -352,7 +352,7 @@ static void segment_init(hak_segment_t *seg, bool fresh) {
   seg->purged_units = purged;
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++) {
     hak_slab_t *s = &seg->slabs[u];
-    seg->unit_slab[u] = s;
+    seg->unit[u] = (hak_unit_t){s, &s->local_free};
     s->index = (uint8_t)u;
     s->units = 1;
     s->state = HAK_SLAB_FREE;
@@ -466,7 +466,7 @@ static hak_slab_t *units_take(hak_heap_t *heap, hak_segment_t *seg, unsigned fir
     heap_list_remove(heap, seg);
     heap_list_place(heap, seg);
   }
-  for (unsigned u = first; u < first + n; u++) seg->unit_slab[u] = s;
+  for (unsigned u = first; u < first + n; u++) seg->unit[u] = (hak_unit_t){s, &s->local_free};
   s->units = (uint8_t)n;
   if (!s->zero && hak_opt.purge_delay_ms != 0) {
     s->dirty_since_ms = hak_clock_ms();

@@ -16,13 +16,18 @@
  * sets it back. */
 #define HAK_USED_ATTACHED (UINT32_C(1) << 31)
 
-/* Attached: the owner's frees go to the heap's list (see slab->free_to). */
-static inline bool slab_attached(const hak_slab_t *slab) {
-  return slab->free_to != &slab->local_free;
+/* Attached: the owner's frees go to the heap's list (see hak_unit_t). */
+static inline bool slab_attached(hak_slab_t *slab) {
+  return hak_slab_free_to(slab) != &slab->local_free;
+}
+/* Every unit's copy: a free may land in any unit of the slab. */
+static inline void slab_set_free_to(hak_slab_t *slab, hak_block_t **to) {
+  hak_unit_t *unit = &hak_segment_of_slab(slab)->unit[slab->index];
+  for (unsigned u = 0; u < slab->units; u++) unit[u].free_to = to;
 }
 /* The owner's frees go to local_free again, and used is a count again. */
 static inline void slab_detach(hak_slab_t *slab, uint32_t used) {
-  slab->free_to = &slab->local_free;
+  slab_set_free_to(slab, &slab->local_free);
   slab->used = used;
 }
 
@@ -161,7 +166,7 @@ static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) 
     slab_detach(slab, slab->reserved);
   } else {
     slab->used = HAK_USED_ATTACHED;
-    slab->free_to = &heap->free[slab->cls];
+    slab_set_free_to(slab, &heap->free[slab->cls]);
   }
 }
 

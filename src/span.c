@@ -206,7 +206,8 @@ static hak_segment_t *segment_prepare(uint8_t *state) {
   memset(seg, 0, sizeof *seg);
   seg->kind = HAK_KIND_SPANS;
   seg->map_size = HAK_SEG_SIZE;
-  for (unsigned u = 0; u < HAK_MAX_SLABS; u++) seg->unit_slab[u] = &seg->span.none;
+  for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
+    seg->unit[u] = (hak_unit_t){&seg->span.none, &seg->span.none.local_free};
   *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
   return seg;
 }

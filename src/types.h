@@ -89,6 +89,18 @@ typedef struct hak_heap_s hak_heap_t;
 typedef struct hak_slab_s hak_slab_t;
 typedef struct hak_segment_s hak_segment_t;
 
+/* A unit of a segment: its slab, and where the owner's frees into it go:
+ * the slab's local_free, or, while the slab is attached to its heap (the
+ * heap's list of its class holds its used blocks), that list, so the next
+ * malloc gets the block freed last, still in cache. Beside the slab's
+ * pointer, free finds the list's address one load after the block's (the
+ * slab holds it two loads after): the push that the next malloc pops then
+ * waits on less. */
+typedef struct {
+  hak_slab_t *slab;
+  hak_block_t **free_to;
+} hak_unit_t;
+
 typedef enum {
   HAK_SLAB_FREE = 0, /* not in use; memory may be purged */
   HAK_SLAB_ACTIVE,   /* in its heap's queue for its class */
@@ -100,14 +112,11 @@ typedef enum {
  * owner's free fast path reads; the second the list other threads push to,
  * so remote frees do not bounce the owner's line. */
 struct __attribute__((aligned(64))) hak_slab_s {
-  /* The token (hak_thread_token) of the heap that may free into free_to
-   * without atomics. 0 unless the slab is ACTIVE, so every other case (full,
-   * abandoned, large) takes the slow path with a single comparison. */
+  /* The token (hak_thread_token) of the heap that may free into its units'
+   * free_to without atomics. 0 unless the slab is ACTIVE, so every other
+   * case (full, abandoned, large) takes the slow path with a single
+   * comparison. */
   _Atomic(uintptr_t) owner;
-  /* Where the owner's frees go: local_free, or, while the slab is attached
-   * to its heap (the heap's list of its class holds its used blocks), that
-   * list, so the next malloc gets the block freed last, still in cache. */
-  hak_block_t **free_to;
   /* floor(2^64 / block_size) + 1, so block_size * magic = 2^64 + step
    * with 1 <= step <= block_size. For n < 2^32, n * magic (mod 2^64) is
    * k * step when n = k * block_size, and at least magic (> 2^32)
@@ -169,11 +178,11 @@ struct hak_segment_s {
   size_t large_size;  /* large: usable bytes */
   size_t large_offset;/* large: block offset from the segment start */
   uint64_t cached_since_ms;
-  /* The slab of each unit: free finds a slab with a constant shift and
-   * one load. A slab's descriptor is slabs[its first unit]. In a span or
-   * large segment every unit maps to a descriptor whose owner is 0, so
+  /* Each unit's slab and list: free finds both with a constant shift and
+   * one load each. A slab's descriptor is slabs[its first unit]. In a span
+   * or large segment every unit maps to a descriptor whose owner is 0, so
    * that free's fast path hands their blocks to the generic path. */
-  hak_slab_t *unit_slab[HAK_MAX_SLABS];
+  hak_unit_t unit[HAK_MAX_SLABS];
   union {
     hak_slab_t slabs[HAK_MAX_SLABS]; /* slab segments; a large header uses slabs[0] */
     struct {

@@ -457,11 +457,11 @@ TEST(attached_slab_reuses_the_block_freed_last) {
   }
   for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
   for (int i = 0; i < N; i++) free(ps[i]);
-  CHECK(slab->free_to == &slab->local_free);
+  CHECK(hak_slab_free_to(slab) == &slab->local_free);
   CHECK(slab->local_free == ps[N - 1]);
   void *a = malloc(720); /* the refill takes the freed blocks */
   CHECK(a == ps[N - 1]);
-  CHECK(slab->free_to == &heap->free[cls]);
+  CHECK(hak_slab_free_to(slab) == &heap->free[cls]);
   void *b = malloc(720);
   free(a);
   CHECK(heap->free[cls] == a && slab->local_free == NULL);
@@ -474,7 +474,7 @@ TEST(attached_slab_reuses_the_block_freed_last) {
   size_t listed = list_len(heap->free[cls]) + list_len(slab->local_free);
   uint32_t reserved = slab->reserved;
   hak_heap_return_list(heap, cls);
-  CHECK(slab->free_to == &slab->local_free);
+  CHECK(hak_slab_free_to(slab) == &slab->local_free);
   CHECK(slab->used == reserved - listed);
   int ours = 0;
   for (int i = 0; i < m; i++) {
@@ -482,6 +482,45 @@ TEST(attached_slab_reuses_the_block_freed_last) {
     free(more[i]);
   }
   CHECK(slab->used == reserved - listed - ours);
+}
+
+/* A slab of two units or more: a free into its last unit goes where the
+ * slab's frees go (every unit has its own copy of that list's address):
+ * its own list, or the heap's while it is attached. */
+TEST(a_free_into_any_unit_of_a_long_slab_goes_to_its_list) {
+  enum { MAX = 20000 };
+  static void *ps[MAX];
+  int n = 0;
+  void *p = NULL;
+  hak_slab_t *slab = NULL;
+  while (p == NULL) { /* a block in the last unit of a long slab */
+    REQUIRE(n < MAX);
+    void *q = ps[n++] = malloc(48);
+    hak_slab_t *s = slab_of_ptr(q);
+    uintptr_t unit = ((uintptr_t)q & HAK_SEG_MASK) >> HAK_UNIT_SHIFT;
+    if (s->units >= 2 && unit == s->index + s->units - 1u) p = q, slab = s;
+  }
+  hak_segment_t *seg = hak_segment_of_slab(slab);
+  hak_heap_t *heap = hak_tls_heap;
+  size_t cls = slab->cls;
+  for (unsigned u = slab->index; u < slab->index + slab->units; u++)
+    CHECK(seg->unit[u].slab == slab && seg->unit[u].free_to == &slab->local_free);
+  free(p); /* its blocks were carved: the slab is not attached */
+  CHECK(slab->local_free == p);
+  while (heap->free[cls]) {
+    REQUIRE(n < MAX);
+    ps[n++] = malloc(48);
+  }
+  CHECK(malloc(48) == p); /* the refill took the slab's list: attached */
+  for (unsigned u = slab->index; u < slab->index + slab->units; u++)
+    CHECK(seg->unit[u].free_to == &heap->free[cls]);
+  free(p);
+  CHECK(heap->free[cls] == p && slab->local_free == NULL);
+  hak_heap_return_list(heap, cls);
+  for (unsigned u = slab->index; u < slab->index + slab->units; u++)
+    CHECK(seg->unit[u].free_to == &slab->local_free);
+  for (int i = 0; i < n; i++)
+    if (ps[i] != p) free(ps[i]);
 }
 
 typedef struct {
@@ -523,7 +562,7 @@ TEST(remote_frees_are_collected_by_owner) {
    * attaching the slab: detaching it counts its blocks again */
   CHECK(got == remote_head);
   CHECK(list_len(heap->free[cls]) == on_remote - 1);
-  CHECK(slab->free_to == &heap->free[cls]);
+  CHECK(hak_slab_free_to(slab) == &heap->free[cls]);
   size_t listed = list_len(heap->free[cls]) + list_len(slab->local_free);
   hak_heap_return_list(heap, cls);
   CHECK(slab->used == slab->reserved - listed);
