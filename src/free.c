@@ -17,16 +17,15 @@ HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in bl
 
 /* A block boundary of a slab that is free again was handed out and freed
  * already. */
-static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab, uintptr_t off,
-                                                         const void *p) {
-  bool boundary = hak_slab_is_block(slab, off);
+static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab, const void *p) {
+  bool boundary = hak_slab_is_block(slab, p);
   report(boundary && hak_slab_state(slab) == HAK_SLAB_FREE ? "double free" : "invalid free", p);
 }
 
 /* Aborts unless p is a block start of a slab in use. */
 HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
   if (HAK_UNLIKELY(!hak_slab_has_block(seg, slab, p)))
-    bad_block(slab, (uintptr_t)p - (uintptr_t)seg, p);
+    bad_block(slab, p);
 }
 
 /* Aborts unless p is the start of a live block of the slab. Other threads

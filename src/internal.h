@@ -114,10 +114,23 @@ HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
   if (HAK_UNLIKELY(m == HAK_SEGMAP_LARGE)) return hak_large_header(p);
   return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
 }
+/* Where p's unit is in the segment's array: (p's offset >> HAK_UNIT_SHIFT)
+ * * 16 bytes, from p in two instructions. Its fields are read at that
+ * offset from their own first one, so that each read is one instruction. */
+_Static_assert(sizeof(hak_unit_t) == 16, "hak_unit_byte scales by 16");
+HAK_INLINE uintptr_t hak_unit_byte(const void *p) {
+  return ((uintptr_t)p >> (HAK_UNIT_SHIFT - 4)) & ((uintptr_t)(HAK_MAX_SLABS - 1) << 4);
+}
+HAK_INLINE hak_slab_t *hak_unit_slab(hak_segment_t *seg, uintptr_t byte) {
+  return *(hak_slab_t **)((uint8_t *)&seg->unit[0].slab + byte);
+}
+HAK_INLINE hak_block_t **hak_unit_free_to(hak_segment_t *seg, uintptr_t byte) {
+  return *(hak_block_t ***)((uint8_t *)&seg->unit[0].free_to + byte);
+}
 /* p & HAK_SEG_MASK is p's offset from its segment. A large block's header
  * maps every unit to its slabs[0] (large.c), wherever in the 4 MiB p is. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
-  return seg->unit[((uintptr_t)p & HAK_SEG_MASK) >> HAK_UNIT_SHIFT].slab;
+  return hak_unit_slab(seg, hak_unit_byte(p));
 }
 HAK_INLINE uint8_t *hak_slab_start(hak_segment_t *seg, hak_slab_t *slab) {
   size_t off = (size_t)slab->index << HAK_UNIT_SHIFT;
@@ -135,17 +148,18 @@ HAK_INLINE hak_slab_state_t hak_slab_state(const hak_slab_t *slab) {
   return (hak_slab_state_t)__atomic_load_n(&slab->state, __ATOMIC_RELAXED);
 }
 
-/* Whether the offset off (from the segment start) is the start of a block
- * the slab has carved, given its block_bound: one multiply and one compare
- * (see slab->magic). An offset before the first block wraps to a multiple
+/* Whether p (in the slab's segment) is the start of a block the slab has
+ * carved, given its block_bound: one multiply, one subtract, one compare
+ * (see slab->magic). An address before the first block wraps to a multiple
  * too large, if a multiple at all, and fails like one past the blocks. */
 _Static_assert(HAK_BIG_MAX + HAK_CANARY <= ((size_t)1 << 31), "block sizes keep magic > 2^33");
-HAK_INLINE bool hak_slab_is_block_below(const hak_slab_t *slab, uintptr_t off, uint64_t bound) {
-  return (uint64_t)(uint32_t)(off - slab->start_off) * slab->magic < bound;
+_Static_assert(HAK_SEG_SIZE <= ((size_t)1 << 31), "offsets in a segment stay under 2^31");
+HAK_INLINE bool hak_slab_is_block_below(const hak_slab_t *slab, const void *p, uint64_t bound) {
+  return (uint64_t)(uintptr_t)p * slab->magic - slab->first_magic < bound;
 }
 /* The same, from any thread. */
-HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, uintptr_t off) {
-  return hak_slab_is_block_below(slab, off, __atomic_load_n(&slab->block_bound, __ATOMIC_RELAXED));
+HAK_INLINE bool hak_slab_is_block(const hak_slab_t *slab, const void *p) {
+  return hak_slab_is_block_below(slab, p, __atomic_load_n(&slab->block_bound, __ATOMIC_RELAXED));
 }
 /* The slab's blocks carved so far become n (by its owner). */
 HAK_INLINE void hak_slab_set_reserved(hak_slab_t *slab, uint32_t n) {
@@ -161,7 +175,7 @@ HAK_INLINE void hak_slab_set_reserved(hak_slab_t *slab, uint32_t n) {
  * carved before, so a thread that got it sees the bound that covers it. */
 HAK_INLINE bool hak_slab_has_block(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
   return hak_slab_state(slab) != HAK_SLAB_FREE &&
-         hak_slab_is_block(slab, (uintptr_t)p - (uintptr_t)seg);
+         hak_slab_is_block(slab, p);
 }
 
 /* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,
@@ -468,18 +482,16 @@ HAK_INLINE void hak_block_resized(void *b, size_t block_size) {}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 #endif
 
-/* The slab of unit if the block at offset off of the segment is one of
- * its blocks and the slab is ours, else NULL (see hak_own_slab_of_block). */
-HAK_INLINE hak_slab_t *hak_own_slab_of_unit(const hak_unit_t *unit, uintptr_t off) {
-  hak_slab_t *slab = unit->slab;
+/* slab (p's) if p is one of its blocks and the slab is ours, else NULL
+ * (see hak_own_slab_of_block). */
+HAK_INLINE hak_slab_t *hak_own_slab(hak_slab_t *slab, const void *p) {
   return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
-                 hak_slab_is_block_below(slab, off, slab->block_bound) /* ours: written here */
+                 hak_slab_is_block_below(slab, p, slab->block_bound) /* ours: written here */
              ? slab
              : NULL;
 }
 HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
-  uintptr_t off = (uintptr_t)p & HAK_SEG_MASK; /* see hak_slab_of */
-  return hak_own_slab_of_unit(&seg->unit[off >> HAK_UNIT_SHIFT], off);
+  return hak_own_slab(hak_slab_of(seg, p), p);
 }
 
 /* Pops a block of cls from the heap's list, or NULL. */
@@ -561,14 +573,13 @@ HAK_INLINE uint8_t hak_segmap_reread(const void *p) {
 HAK_INLINE void hak_free_inline(void *p) {
   hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
   if (HAK_LIKELY(hak_segmap_of(p) == HAK_SEGMAP_SLABS)) {
-    uintptr_t off = (uintptr_t)p & HAK_SEG_MASK;
-    hak_unit_t *unit = &seg->unit[off >> HAK_UNIT_SHIFT];
-    hak_slab_t *slab = hak_own_slab_of_unit(unit, off);
+    uintptr_t unit = hak_unit_byte(p);
+    hak_slab_t *slab = hak_own_slab(hak_unit_slab(seg, unit), p);
     hak_block_t *b = (hak_block_t *)p, *head, **to;
     /* Ours, a block start (interior and misaligned pointers are not a
      * multiple of the block size), not the block freed just before.
      * Anything else goes to the generic path, which names the fault. */
-    if (HAK_LIKELY(slab != NULL && (head = *(to = unit->free_to)) != b)) {
+    if (HAK_LIKELY(slab != NULL && (head = *(to = hak_unit_free_to(seg, unit))) != b)) {
       HAK_ASSERT(slab->state == HAK_SLAB_ACTIVE && slab->used > 0);
 #if HAK_SECURE
       hak_check_block(seg, slab, p);

@@ -294,7 +294,7 @@ static void slab_mark_free(hak_heap_t *heap, hak_slab_t *slab) {
     c->local_free = NULL;
     c->reserved = 0; /* the bound stays: bad_block names a double free with it */
     c->units = 1;
-    c->start_off = slab->start_off; /* so does a free into any unit of the slab */
+    c->first_magic = slab->first_magic; /* so does a free into any unit of the slab */
     c->magic = slab->magic;
     __atomic_store_n(&c->block_bound, slab->block_bound, __ATOMIC_RELAXED);
     __atomic_store_n(&c->dirty_tail, 0, __ATOMIC_RELAXED); /* all of it is purged */

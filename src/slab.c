@@ -73,7 +73,7 @@ void hak_slab_init(hak_slab_t *slab, size_t cls) {
   size_t bs = hak_class_size[cls];
   slab->block_size = (uint32_t)bs;
   slab->magic = (0 - (uint64_t)bs) / bs + 2; /* (2^64 - bs) / bs + 2 = floor(2^64 / bs) + 1 */
-  slab->start_off = (uint32_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
+  slab->first_magic = (uint64_t)(uintptr_t)hak_slab_start(seg, slab) * slab->magic;
   slab->capacity = (uint32_t)(hak_slab_bytes(slab) / bs);
   slab->cls = (uint8_t)cls;
   hak_slab_set_reserved(slab, 0);

@@ -118,16 +118,17 @@ struct __attribute__((aligned(64))) hak_slab_s {
    * comparison. */
   _Atomic(uintptr_t) owner;
   /* floor(2^64 / block_size) + 1, so block_size * magic = 2^64 + step
-   * with 1 <= step <= block_size. For n < 2^32, n * magic (mod 2^64) is
-   * k * step when n = k * block_size, and at least magic (> 2^32)
+   * with 1 <= step <= block_size. For |n| < 2^32, n * magic (mod 2^64) is
+   * k * step when n = k * block_size, and at least magic - 2^32 (> 2^32)
    * otherwise: below block_bound exactly when n is the offset of one of
-   * the blocks carved. free checks a pointer with one multiply. */
+   * the blocks carved from the first. free checks a pointer with one
+   * multiply: p * magic - first_magic is n * magic, mod 2^64. */
   uint64_t magic;
+  uint64_t first_magic; /* the first block's address * magic (mod 2^64) */
   /* Reserved blocks not on local_free (the heap's list counts as in use).
    * An attached slab's frees go to the heap's list yet decrement it, so it
    * starts at HAK_USED_ATTACHED and is counted again on detaching. */
   uint32_t used;
-  uint32_t start_off;  /* first block's offset from the segment */
   uint32_t block_size;
   uint32_t capacity;   /* blocks that fit in the slab */
   uint32_t reserved;   /* blocks carved from the slab so far */

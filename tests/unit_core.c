@@ -95,7 +95,8 @@ TEST(block_test_accepts_exactly_the_carved_block_starts) {
       slab->index = (uint8_t)placements[i][0];
       slab->units = (uint8_t)placements[i][1];
       hak_slab_init(slab, cls);
-      size_t start = slab->start_off, bs = slab->block_size, cap = slab->capacity;
+      size_t start = (size_t)(hak_slab_start(seg, slab) - (uint8_t *)seg);
+      size_t bs = slab->block_size, cap = slab->capacity;
       CHECK(cap == hak_slab_bytes(slab) / bs);
       size_t carved[] = {0, (cap + 2) / 3, cap};
       for (size_t c = 0; c < 3; c++) {
@@ -103,7 +104,7 @@ TEST(block_test_accepts_exactly_the_carved_block_starts) {
         size_t end = start + cap * bs + 2 * bs;
         for (size_t off = 0; off < end && off < HAK_SEG_SIZE; off++) {
           bool want = off >= start && (off - start) % bs == 0 && (off - start) / bs < carved[c];
-          if (hak_slab_is_block(slab, off) != want && wrong++ < 5)
+          if (hak_slab_is_block(slab, (uint8_t *)seg + off) != want && wrong++ < 5)
             fprintf(stderr, "    class %zu (%zu B), slab at unit %u, %zu carved: offset %zu %s\n",
                     cls, bs, placements[i][0], carved[c], off, want ? "rejected" : "accepted");
         }
