@@ -22,6 +22,9 @@ TEST(class_is_smallest_fitting) {
               hak_class_size[cls]);
     if (cls > 0)
       CHECK_MSG(hak_class_size[cls - 1] < (size ? size : 1), "size %zu not smallest", size);
+    if (size <= HAK_SLAB_MAX)
+      CHECK_MSG(hak_slab_class[size] == cls, "size %zu: malloc's table says %u", size,
+                hak_slab_class[size]);
     if (th_failed_here > 5) return;
   }
 }
