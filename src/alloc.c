@@ -109,7 +109,7 @@ void *hak_realloc_impl(void *p, size_t size) {
                  seg->kind != HAK_KIND_LARGE)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;
-    if (HAK_LIKELY(hak_slab_has_block(seg, slab, p) && size <= old && size >= old / 2)) return p;
+    if (HAK_LIKELY(hak_slab_has_block(slab, p) && size <= old && size >= old / 2)) return p;
     if (seg->kind == HAK_KIND_SPANS) {
       uint64_t w = seg->span.page[hak_span_page_index(p)];
       old = hak_class_size[hak_span_word_class(w)] - HAK_CANARY;

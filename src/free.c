@@ -23,8 +23,8 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(const hak_slab_t *slab,
 }
 
 /* Aborts unless p is a block start of a slab in use. */
-HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
-  if (HAK_UNLIKELY(!hak_slab_has_block(seg, slab, p)))
+HAK_INLINE void check_block_shared(const hak_slab_t *slab, const void *p) {
+  if (HAK_UNLIKELY(!hak_slab_has_block(slab, p)))
     bad_block(slab, p);
 }
 
@@ -32,7 +32,7 @@ HAK_INLINE void check_block_shared(hak_segment_t *seg, const hak_slab_t *slab, c
  * call this too: the list its owner frees to is read only when the slab is
  * the caller's own. */
 void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
-  check_block_shared(seg, slab, p);
+  check_block_shared(slab, p);
   if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == hak_tls_heap &&
       HAK_UNLIKELY(*hak_slab_free_to(slab) == p))
     report("double free", p);
@@ -162,7 +162,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
-    check_block_shared(seg, slab, p);
+    check_block_shared(slab, p);
     hak_block_check_free(p, slab->block_size);
     HAK_CSTAT_FREE(slab->cls);
     if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&

@@ -130,8 +130,8 @@ HAK_INLINE hak_slab_t *hak_unit_slab(hak_segment_t *seg, uintptr_t byte) {
 HAK_INLINE hak_block_t **hak_unit_free_to(hak_segment_t *seg, uintptr_t byte) {
   return *(hak_block_t ***)((uint8_t *)&seg->unit[0].free_to + byte);
 }
-/* p & HAK_SEG_MASK is p's offset from its segment. A large block's header
- * maps every unit to its slabs[0] (large.c), wherever in the 4 MiB p is. */
+/* The slab of p's unit. A large block's header maps every unit to its
+ * slabs[0] (large.c), wherever in the 4 MiB p is. */
 HAK_INLINE hak_slab_t *hak_slab_of(hak_segment_t *seg, const void *p) {
   return hak_unit_slab(seg, hak_unit_byte(p));
 }
@@ -176,9 +176,8 @@ HAK_INLINE void hak_slab_set_reserved(hak_slab_t *slab, uint32_t n) {
  * in use (block size and magic are set before any block of the slab is
  * handed out), the state and the bound, atomically. A block handed out was
  * carved before, so a thread that got it sees the bound that covers it. */
-HAK_INLINE bool hak_slab_has_block(hak_segment_t *seg, const hak_slab_t *slab, const void *p) {
-  return hak_slab_state(slab) != HAK_SLAB_FREE &&
-         hak_slab_is_block(slab, p);
+HAK_INLINE bool hak_slab_has_block(const hak_slab_t *slab, const void *p) {
+  return hak_slab_state(slab) != HAK_SLAB_FREE && hak_slab_is_block(slab, p);
 }
 
 /* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,
