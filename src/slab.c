@@ -1,7 +1,10 @@
 /* Slabs: blocks of one size class. Refill hands the heap a whole list at a
  * time. A list of used blocks attaches the slab to the heap: the owner's
- * frees then go straight back to that list, so malloc reuses the block
- * freed last (LIFO, still in cache); other slabs take the owner's frees on
+ * frees then go straight back to the heap's list, so malloc reuses the
+ * block freed last (LIFO, still in cache). A class keeps up to
+ * HAK_ATTACH_MAX slabs attached: a class whose live blocks spread over a
+ * few slabs (random_mixed ws=8192: 3 to 5) then frees most blocks to the
+ * list malloc pops, and refills less. Other slabs take the owner's frees on
  * local_free. Other threads push onto the atomic remote list, which the
  * owner collects when its free list runs dry. */
 #include "internal.h"
@@ -157,17 +160,39 @@ static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *cle
   return list;
 }
 
-/* The heap took every free block of the slab as its list: all reserved
- * ones are out. A list of used blocks attaches the slab, so its frees feed
- * that list; a clean run does not, as calloc skips clearing its blocks. */
+/* The heap took every free block of the slab as its list, empty before:
+ * all reserved ones are out. A list of used blocks attaches the slab, so
+ * its frees feed that list, beside those of the class's other attached
+ * slabs (all of them go when there are HAK_ATTACH_MAX already: every block
+ * is out, the counts are exact). A clean run detaches them all, and the
+ * slab too: calloc skips clearing its blocks. */
 static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) {
+  size_t cls = slab->cls;
   slab->retiring = 0;
-  if (clean) {
+  if (clean) { /* no other slab's frees may go to a clean list */
+    hak_heap_return_list(heap, cls);
     slab_detach(slab, slab->reserved);
-  } else {
-    slab->used = HAK_USED_ATTACHED;
-    slab_set_free_to(slab, &heap->free[slab->cls]);
+    return;
   }
+  slab->used = HAK_USED_ATTACHED;
+  if (slab_attached(slab)) return;
+  if (heap->attached_n[cls] == HAK_ATTACH_MAX) hak_heap_return_list(heap, cls);
+  heap->attached[cls][heap->attached_n[cls]++] = slab;
+  slab_set_free_to(slab, &heap->free[cls]);
+}
+
+/* Off its class's attached set, when its heap's list is empty (every
+ * reserved block not on local_free is out). */
+static void slab_unattach(hak_heap_t *heap, hak_slab_t *slab) {
+  hak_slab_t **a = heap->attached[slab->cls];
+  unsigned n = heap->attached_n[slab->cls];
+  for (unsigned i = 0; i < n; i++)
+    if (a[i] == slab) {
+      a[i] = a[n - 1];
+      heap->attached_n[slab->cls] = (uint8_t)(n - 1);
+      break;
+    }
+  slab_detach(slab, slab->reserved - (uint32_t)list_length(slab->local_free));
 }
 
 static inline bool slab_has_freed(const hak_slab_t *slab) {
@@ -211,7 +236,7 @@ static void slab_activate(hak_heap_t *heap, hak_slab_t *slab) {
 static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   atomic_store_explicit(&slab->owner, 0, memory_order_relaxed);
   slab->remote_seen = NULL;
-  slab_detach(slab, slab->reserved);
+  slab_unattach(heap, slab);
   hak_slab_set_state(slab, HAK_SLAB_FULL);
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
@@ -311,11 +336,26 @@ static void heap_revive_full(hak_heap_t *heap) {
 hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_slab_t *cur = heap->queue[cls].first;
   hak_block_t *list = heap->free[cls];
-  if (cur != NULL && slab_attached(cur)) /* count again */
-    slab_detach(cur, cur->reserved - (uint32_t)list_length(cur->local_free));
-  if (list == NULL) return cur;
-  heap->free[cls] = NULL;
-  hak_slab_give_back(cur, list);
+  unsigned n = heap->attached_n[cls];
+  if (list != NULL) heap->free[cls] = NULL;
+  if (n == 0) { /* a clean list, the current slab's, counted */
+    hak_slab_give_back(cur, list);
+    return cur;
+  }
+  hak_slab_t **a = heap->attached[cls];
+  for (unsigned i = 0; i < n; i++) /* count again */
+    a[i]->used = a[i]->reserved - (uint32_t)list_length(a[i]->local_free);
+  while (list != NULL) {
+    hak_block_t *b = list;
+    list = hak_next(b);
+    hak_slab_t *slab = hak_slab_of(hak_segment_of(b), b);
+    hak_set_next(b, slab->local_free);
+    slab->local_free = b;
+    HAK_ASSERT(slab->used > 0 && slab_attached(slab));
+    slab->used--;
+  }
+  for (unsigned i = 0; i < n; i++) slab_set_free_to(a[i], &a[i]->local_free);
+  heap->attached_n[cls] = 0;
   return cur;
 }
 
@@ -323,7 +363,15 @@ hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
  * released now if that empties it, else when its last block is freed,
  * unless the heap takes blocks from it again first. */
 static void class_retire(hak_heap_t *heap, size_t cls) {
+  hak_slab_t *was[HAK_ATTACH_MAX];
+  unsigned n = heap->attached_n[cls];
+  memcpy(was, heap->attached[cls], n * sizeof *was);
   hak_slab_t *cur = hak_heap_return_list(heap, cls);
+  for (unsigned i = 0; i < n; i++) /* the others that the list's return emptied */
+    if (was[i] != cur && was[i]->used == 0) {
+      hak_queue_remove(&heap->queue[cls], was[i]);
+      hak_segment_free_slab(heap, was[i], true);
+    }
   if (cur == NULL) return;
   if (cur->used == 0) {
     hak_queue_remove(&heap->queue[cls], cur);
@@ -377,10 +425,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   }
   hak_slab_queue_t *q = &heap->queue[cls];
   hak_slab_t *freed = freed_elsewhere(q, cls);
-  if (freed) {
-    hak_heap_return_list(heap, cls); /* detaches the current slab */
-    queue_move_front(q, freed);
-  }
+  if (freed) queue_move_front(q, freed); /* the current slab stays attached */
   bool released = false;
   for (int round = 0;; round++) {
     hak_slab_t *slab = q->first;
@@ -402,7 +447,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
       hak_queue_remove(q, slab);
       if (!requeued && next != NULL) {
         requeued = true;
-        slab_detach(slab, slab->reserved);
+        slab_unattach(heap, slab);
         hak_queue_push_back(q, slab);
       } else {
         slab_mark_full_locked(heap, slab);

@@ -76,6 +76,7 @@ enum {
 #define HAK_SMALL_CLASSES 32
 #define HAK_SLAB_CLASSES 43 /* classes below live in slabs, the others in spans */
 #define HAK_CLASSES 62
+#define HAK_ATTACH_MAX 4 /* slabs of a class attached to its heap at once */
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
 /* Alignments up to this are served from slabs and spans; larger ones by
  * large blocks. */
@@ -209,11 +210,15 @@ typedef struct {
 } hak_outbox_t;
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
- * free[c] of a slab class holds blocks of the first slab of queue[c] only;
+ * free[c] of a slab class holds blocks of the slabs attached[c] only, or a
+ * clean run of the first slab of queue[c];
  * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
   hak_slab_queue_t queue[HAK_SLAB_CLASSES]; /* ACTIVE slabs; first = current */
+  /* The slabs of each class whose frees (the owner's) go to free[c]. */
+  hak_slab_t *attached[HAK_SLAB_CLASSES][HAK_ATTACH_MAX];
+  uint8_t attached_n[HAK_SLAB_CLASSES];
   hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
   /* Span classes (span.c): how many more blocks free[c] may take, and
    * how many it may hold; free[c] at the last idle check; the bytes by

@@ -527,6 +527,55 @@ TEST(a_free_into_any_unit_of_a_long_slab_goes_to_its_list) {
     if (ps[i] != p) free(ps[i]);
 }
 
+/* Refills that take the freed blocks of other slabs keep the slabs they
+ * took before attached (up to HAK_ATTACH_MAX), so the heap's list mixes
+ * their blocks; returning it gives each block to its own slab, whose used
+ * count is then the blocks still out. */
+TEST(returning_the_list_of_several_attached_slabs_gives_each_block_to_its_slab) {
+  enum { MAX = 20000, SLABS = 8, SIZE = 80 };
+  static void *held[MAX], *churn[MAX];
+  int n = 0, m = 0;
+  hak_slab_t *slabs[SLABS];
+  int nslabs = 0;
+  while (nslabs < 4) { /* blocks on four slabs of the class, or more */
+    REQUIRE(n < MAX);
+    hak_slab_t *s = slab_of_ptr(held[n++] = malloc(SIZE));
+    int k = 0;
+    while (k < nslabs && slabs[k] != s) k++;
+    if (k == nslabs) {
+      REQUIRE(nslabs < SLABS);
+      slabs[nslabs++] = s;
+    }
+  }
+  hak_heap_t *heap = hak_tls_heap;
+  size_t cls = slabs[0]->cls;
+  int kept = 0;
+  for (int i = 0; i < n; i++) /* every other block back: no slab empties */
+    if (i % 2) free(held[i]);
+    else held[kept++] = held[i];
+  while (heap->attached_n[cls] < 2) { /* refills that take other slabs' blocks */
+    REQUIRE(m < MAX);
+    churn[m++] = malloc(SIZE);
+  }
+  for (int i = 0; i < m; i++) free(churn[i]);
+  hak_heap_return_list(heap, cls);
+  CHECK(heap->attached_n[cls] == 0 && heap->free[cls] == NULL);
+  for (int k = 0; k < nslabs; k++) {
+    hak_slab_t *s = slabs[k];
+    uint32_t out = 0;
+    for (int i = 0; i < kept; i++) out += slab_of_ptr(held[i]) == s;
+    size_t on_list = 0;
+    for (hak_block_t *b = s->local_free; b != NULL; b = hak_next(b)) {
+      CHECK(slab_of_ptr(b) == s);
+      on_list++;
+    }
+    CHECK_MSG(s->used == out, "slab %d: used %u, %u blocks out", k, s->used, out);
+    CHECK(on_list == s->reserved - out);
+    CHECK(hak_slab_free_to(s) == &s->local_free);
+  }
+  for (int i = 0; i < kept; i++) free(held[i]);
+}
+
 typedef struct {
   void **ps;
   int n;
