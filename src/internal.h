@@ -242,6 +242,10 @@ HAK_INLINE bool hak_span_word_is_block(uint64_t w, const void *p) {
   return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) | ((w & HAK_PAGE_TAG) ^ HAK_PAGE_USED)) == 0;
 }
 HAK_INLINE size_t hak_span_word_class(uint64_t w) { return (size_t)(uint8_t)(w >> 8); }
+/* Whether p starts a block in use, cls being its page's page_class. */
+HAK_INLINE bool hak_span_is_block(size_t cls, const void *p) {
+  return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0) & (cls != 0);
+}
 /* malloc's miss for a span class: fills the heap's cache of cls (creating
  * a new thread's heap first) and pops a block for a request of size; NULL
  * with ENOMEM when out of memory. */
@@ -533,10 +537,9 @@ HAK_INLINE void *hak_heap_pop_any(hak_heap_t *heap, size_t cls) {
  * or the cache is full (or the thread has no heap: the sentinel has no
  * room). */
 HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
-  uint64_t w = seg->span.page[hak_span_page_index(p)];
-  size_t cls = hak_span_word_class(w);
+  size_t cls = seg->span.page_class[hak_span_page_index(p)];
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(hak_span_word_is_block(w, p) && heap->free[cls] != p &&
+  if (HAK_LIKELY(hak_span_is_block(cls, p) && heap->free[cls] != p &&
                  heap->span_room[cls - HAK_SLAB_CLASSES] != 0)) {
     hak_span_push(heap, cls, p);
     return;

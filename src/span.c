@@ -261,6 +261,7 @@ static void segment_release(run_t *r) {
 
 static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls) {
   seg->span.page[first] = (uint64_t)pages << 16 | (uint64_t)cls << 8 | HAK_PAGE_USED;
+  seg->span.page_class[first] = (uint8_t)cls;
   if (pages > 1) seg->span.page[first + pages - 1] = HAK_PAGE_TAIL;
 }
 
@@ -358,6 +359,7 @@ static bool run_settle(run_t *r, bool keep) {
 /* Pages first .. first + n - 1 of seg, a block's, are free again. */
 static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t now) {
   seg->span.page[first] = seg->span.page[first + n - 1] = 0;
+  seg->span.page_class[first] = 0;
   seg->span.used_pages -= n;
   pages_in_use -= n;
   run_t *r = run_new(seg, first, n, RUN_DIRTY);

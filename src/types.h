@@ -194,6 +194,10 @@ struct hak_segment_s {
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run; every other page 0. */
       uint64_t page[HAK_SPAN_PAGES];
+      /* The class of a block on its first page, 0 elsewhere: what free's
+       * fast path reads, 64 pages to a line where the words hold 8 (with
+       * 400 blocks of 8-32 KiB live, the words' lines overflowed L1). */
+      uint8_t page_class[HAK_SPAN_PAGES];
     } span;
   };
 };

@@ -801,6 +801,9 @@ TEST(small_class_that_filled_a_slab_takes_longer_slabs) {
 static uint64_t page_word(const void *p) {
   return hak_segment_of(p)->span.page[hak_span_page_index(p)];
 }
+static size_t page_class(const void *p) {
+  return hak_segment_of(p)->span.page_class[hak_span_page_index(p)];
+}
 
 /* Blocks of the span classes: page-aligned, their class and length in
  * their first page's word. */
@@ -819,6 +822,8 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
     CHECK(hak_span_word_is_block(w, p));
     CHECK(hak_span_word_class(w) == cls);
     CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
+    CHECK(page_class(p) == cls && hak_span_is_block(page_class(p), p)); /* free's copy */
+    CHECK(page_class(p + HAK_PAGE_SIZE) == 0);
     CHECK(malloc_usable_size(p) == hak_class_size[cls]);
     CHECK(hak_slab_of(seg, p)->owner == 0); /* free's slab test fails: the span path */
     memset(p, 1, sizes[i]);
@@ -863,8 +868,11 @@ TEST(full_span_cache_gives_a_batch_back) {
   }
   CHECK(cache_counted(cls) == cache_len(cls));
   size_t given_back = 0;
-  for (int i = 0; i < N; i++)
-    given_back += (page_word(ps[i]) & HAK_PAGE_TAG) != HAK_PAGE_USED;
+  for (int i = 0; i < N; i++) {
+    bool used = (page_word(ps[i]) & HAK_PAGE_TAG) == HAK_PAGE_USED;
+    given_back += !used;
+    CHECK(page_class(ps[i]) == (used ? cls : 0)); /* free's fast path sees it too */
+  }
   CHECK_MSG(given_back == N - cache_len(cls), "%zu of %d blocks given back, %zu cached",
             given_back, N, cache_len(cls));
 }
