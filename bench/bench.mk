@@ -3,6 +3,7 @@
 #   make bench        quick matrix: every workload, small args, 3 rounds (< 3 min)
 #   make bench-full   reference runs, 5 rounds
 #   make bench-instr  instructions per malloc/free under callgrind
+#   make bench-floor  hakmem against the floor of its design (bench/floor/floor.c)
 # Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
 # See docs/BENCHMARKS.md.
 
@@ -23,6 +24,17 @@ $(BENCH_BIN)/%: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 
 bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)
 
+# The floor: the cheapest allocator of hakmem's kind (bench/floor/floor.c),
+# a column beside hakmem and tcmalloc on the loops that only time the fast
+# paths. Not an allocator to use: it never returns memory.
+BENCH_FLOOR := $(BENCH_BIN)/libfloor.so
+$(BENCH_FLOOR): bench/floor/floor.c | $(BENCH_BIN)
+	$(CC) -std=gnu11 -O2 -fno-builtin -fPIC -shared -Wall -Wextra -o $@ $<
+
+bench-floor: bench-bins $(BUILD)/libhakmem.so $(BENCH_FLOOR)
+	$(BENCH_PY) bench/run --set full --rounds 7 --only hakmem,tcmalloc,mimalloc,floor \
+	  --extra-col floor=$(CURDIR)/$(BENCH_FLOOR) --workloads random_mixed,mid_large_mt,larson $(BENCH_ARGS)
+
 # The hardened build (make secure) is one more column, to show its cost.
 BENCH_SECURE := --extra-col hakmem-secure=$(CURDIR)/$(BUILD)/secure/libhakmem.so
 
@@ -35,4 +47,4 @@ bench-full: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
 bench-instr: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)
 
-.PHONY: bench bench-full bench-instr bench-bins
+.PHONY: bench bench-full bench-instr bench-bins bench-floor

@@ -56,6 +56,17 @@ for t in "random_mixed.noop|10000 64" "larson.noop|1 8 128 100 1000 2"; do
   # shellcheck disable=SC2086
   if out=$("$BIN/$p" $args 2>&1) && [[ $out == *build=noop*ops/s=* ]]; then ok "$p $args"; else bad "$p $args" "$out"; fi
 done
+# The floor of make bench-floor runs the loops it is a column of.
+if out=$(make -s "$BIN/libfloor.so" BUILD="$BUILD" 2>&1); then
+  for t in "random_mixed|20000 64 1234567" "mid_large_mt|2 5000 64 1234567 big" "larson|2 10 1000 200 2000 3"; do
+    prog=${t%%|*} args=${t#*|}
+    # shellcheck disable=SC2086
+    if out=$(env -i PATH="$PATH" LANG=C LD_PRELOAD="$BIN/libfloor.so" timeout 20 "$BIN/$prog" $args 2>&1) &&
+       [[ $out == *ops/s=[0-9]* ]]; then ok "floor $prog $args"; else bad "floor $prog $args" "$out"; fi
+  done
+else
+  bad "make $BIN/libfloor.so" "$out"
+fi
 # Memory return (issue: RSS back within 10% of start-up after frag frees
 # everything): 64 MiB, a 200 ms delay, then idle with no allocator call.
 out=$(env -i PATH="$PATH" LANG=C HAKMEM_PURGE_DELAY_MS=200 LD_PRELOAD="$LIBHAKMEM" \
