@@ -309,6 +309,8 @@ bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget) {
   return false;
 }
 
+/* FULL slabs with remote frees go back to their queues, in front: their
+ * blocks come before any the current slab would carve. */
 void hak_heap_revive_full_locked(hak_heap_t *heap) {
   atomic_store(&heap->full_remote, 0);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) {
@@ -317,7 +319,9 @@ void hak_heap_revive_full_locked(hak_heap_t *heap) {
       hak_slab_t *next = s->next;
       if (atomic_load_explicit(&s->remote, memory_order_relaxed) != NULL) {
         hak_slab_collect_remote(s);
-        slab_unfull(heap, s);
+        hak_queue_remove(&heap->full[c], s);
+        hak_queue_push_front(&heap->queue[c], s);
+        slab_activate(heap, s);
       }
       s = next;
     }
@@ -423,6 +427,10 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     hak_segment_purge(heap, false);
     pthread_mutex_unlock(&heap->lock);
   }
+  /* Blocks other threads freed come before new ones: a producer whose
+   * consumers free its blocks (xmalloc) carved a fresh page for most
+   * refills while its FULL slabs held the blocks that came back. */
+  heap_revive_full(heap);
   hak_slab_queue_t *q = &heap->queue[cls];
   hak_slab_t *freed = freed_elsewhere(q, cls);
   if (freed) queue_move_front(q, freed); /* the current slab stays attached */

@@ -587,6 +587,48 @@ static void *free_batch(void *arg) {
   return NULL;
 }
 
+/* Blocks other threads freed into a FULL slab are taken before a refill
+ * carves new ones from the current slab: a producer whose consumers free
+ * its blocks (xmalloc) otherwise touched a fresh page for most refills. */
+static void *full_slab_revived_before_carving(void *arg) {
+  (void)arg;
+  enum { MAX = 20000, SIZE = 176 };
+  static void *ps[MAX];
+  int n = 0;
+  hak_heap_t *heap = NULL;
+  size_t cls = hak_size_class(SIZE);
+  do { /* until a slab of the class has gone FULL */
+    REQUIRE(n < MAX);
+    ps[n++] = malloc(SIZE);
+    heap = hak_tls_heap;
+  } while (heap->full[cls].first == NULL);
+  hak_slab_t *full = heap->full[cls].first, *cur = heap->queue[cls].first;
+  REQUIRE(cur != NULL && cur->reserved < cur->capacity); /* room to carve */
+  static void *mine[8];
+  int k = 0;
+  for (int i = 0; i < n && k < 8; i++)
+    if (slab_of_ptr(ps[i]) == full) mine[k++] = ps[i], ps[i] = NULL;
+  REQUIRE(k == 8);
+  batch_t b = {mine, k};
+  run_thread(free_batch, &b); /* remote frees into the FULL slab */
+  CHECK(atomic_load(&heap->full_remote) != 0);
+  while (heap->free[cls]) {
+    REQUIRE(n < MAX);
+    ps[n++] = malloc(SIZE);
+  }
+  uint32_t carved = cur->reserved;
+  void *p = malloc(SIZE);
+  CHECK_MSG(slab_of_ptr(p) == full, "the refill took %p, not a block of the FULL slab", p);
+  CHECK(cur->reserved == carved);
+  CHECK(full->state == HAK_SLAB_ACTIVE);
+  free(p);
+  for (int i = 0; i < n; i++) free(ps[i]);
+  return NULL;
+}
+TEST(a_refill_takes_remote_frees_of_full_slabs_before_carving) {
+  run_thread(full_slab_revived_before_carving, NULL);
+}
+
 TEST(remote_frees_are_collected_by_owner) {
   enum { N = 64 };
   void *ps[N];
