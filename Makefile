@@ -88,5 +88,17 @@ check-options-doc: $(BUILD)/gen_options
 	  { echo "docs/OPTIONS.md is stale: run 'make options-doc'"; exit 1; }
 .PHONY: options-doc check-options-doc
 
+# malloc's class tables are generated from hak_class_size (src/classes.c);
+# check-class-tables fails when they are stale (run by `make test`).
+CLASS_TABLES_GEN := python3 tools/gen_class_tables.py
+class-tables:
+	$(CLASS_TABLES_GEN) fast > src/class_table.inc
+	$(CLASS_TABLES_GEN) slab > src/slab_class_table.inc
+check-class-tables:
+	@$(CLASS_TABLES_GEN) fast | diff -u src/class_table.inc - >/dev/null && \
+	  $(CLASS_TABLES_GEN) slab | diff -u src/slab_class_table.inc - >/dev/null || \
+	  { echo "src/*class_table.inc are stale: run 'make class-tables'"; exit 1; }
+.PHONY: class-tables check-class-tables
+
 clean:
 	rm -rf $(BUILD)

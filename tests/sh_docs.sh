@@ -9,6 +9,7 @@ check() { # name, command...
   else fail=$((fail + 1)); echo "  FAIL  docs.$name: $(printf '%s' "$out" | head -3 | tr '\n' '|')"; fi
 }
 check options_doc_is_current make -s check-options-doc
+check class_tables_are_current make -s check-class-tables
 verbose=$(HAKMEM_VERBOSE=1 LD_PRELOAD="$LIBHAKMEM" /bin/true 2>&1)
 check verbose_prints_version grep -q "hakmem 0.1.0 (release)" <<< "$verbose"
 check verbose_prints_build_flags grep -q "built with .*-O2" <<< "$verbose"

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Writes malloc's class lookup tables from hak_class_size (src/classes.c).
+
+usage: tools/gen_class_tables.py fast|slab   (prints the .inc to stdout)
+
+  fast  src/class_table.inc: entry i is the class of 16*i bytes,
+        i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, the span sizes)
+  slab  src/slab_class_table.inc: entry s is the class of s bytes,
+        s = 0 .. HAK_SLAB_MAX (hak_slab_class, the slab sizes)
+
+The class of a size is the smallest class whose block holds it (size 0 as
+1). `make class-tables` rewrites both files, `make check-class-tables` (run
+by `make test`) fails when either is stale, and
+unit_core.class_is_smallest_fitting checks every size against them.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def constant(src, name):
+    m = re.search(r"#define %s \(\(size_t\)(\d+)\)" % name, src)
+    if not m:
+        sys.exit("gen_class_tables: %s not found in src/types.h" % name)
+    return int(m.group(1))
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in ("fast", "slab"):
+        sys.exit(__doc__.strip().splitlines()[2])
+    m = re.search(r"hak_class_size\[HAK_CLASSES\] = \{(.*?)\};", read("src/classes.c"), re.S)
+    if not m:
+        sys.exit("gen_class_tables: hak_class_size not found in src/classes.c")
+    sizes = [int(x) for x in re.findall(r"\d+", m.group(1))]
+    types = read("src/types.h")
+
+    def cls(n):
+        n = max(n, 1)
+        return next(i for i, s in enumerate(sizes) if s >= n)
+
+    if sys.argv[1] == "fast":
+        last = constant(types, "HAK_FAST_MAX") // 16
+        head = ("/* Generated from hak_class_size by tools/gen_class_tables.py: entry i is\n"
+                " * the smallest class whose block holds 16*i bytes, i = 0..%d.\n"
+                " * unit_core.class_is_smallest_fitting checks every size against it. */" % last)
+        values, per_line = [cls(16 * i) for i in range(last + 1)], 16
+    else:
+        last = constant(types, "HAK_SLAB_MAX")
+        head = ("/* Generated from hak_class_size by tools/gen_class_tables.py: entry s is\n"
+                " * the smallest class whose block holds s bytes, s = 0..HAK_SLAB_MAX.\n"
+                " * unit_core.class_is_smallest_fitting checks every size against it. */")
+        values, per_line = [cls(s) for s in range(last + 1)], 24
+    print(head)
+    for k in range(0, len(values), per_line):
+        print("  " + " ".join("%d," % v for v in values[k:k + per_line]))
+
+
+if __name__ == "__main__":
+    main()
