@@ -241,9 +241,12 @@ static void slab_mark_full(hak_heap_t *heap, hak_slab_t *slab) {
   hak_queue_push_back(&heap->full[slab->cls], slab);
 }
 
-static void slab_unfull(hak_heap_t *heap, hak_slab_t *slab) {
+/* Back on its queue: in front when it has a batch of blocks that came
+ * back, behind for one block its owner freed. */
+static void slab_unfull(hak_heap_t *heap, hak_slab_t *slab, bool front) {
   hak_queue_remove(&heap->full[slab->cls], slab);
-  hak_queue_push_back(&heap->queue[slab->cls], slab);
+  if (front) hak_queue_push_front(&heap->queue[slab->cls], slab);
+  else hak_queue_push_back(&heap->queue[slab->cls], slab);
   slab_activate(heap, slab);
 }
 
@@ -251,7 +254,7 @@ void hak_slab_take_back(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
   hak_set_next(b, slab->local_free);
   slab->local_free = b;
   slab->used--;
-  if (slab->state == HAK_SLAB_FULL) slab_unfull(heap, slab);
+  if (slab->state == HAK_SLAB_FULL) slab_unfull(heap, slab, false);
 }
 
 bool hak_slab_adopt(hak_heap_t *heap, hak_slab_t *slab) {
@@ -319,9 +322,7 @@ void hak_heap_revive_full_locked(hak_heap_t *heap) {
       hak_slab_t *next = s->next;
       if (atomic_load_explicit(&s->remote, memory_order_relaxed) != NULL) {
         hak_slab_collect_remote(s);
-        hak_queue_remove(&heap->full[c], s);
-        hak_queue_push_front(&heap->queue[c], s);
-        slab_activate(heap, s);
+        slab_unfull(heap, s, true);
       }
       s = next;
     }
