@@ -514,10 +514,15 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
   return b;
 }
 
-/* A span class's cache counts the room it has left: free bounds it. */
+/* A span class's cache counts the room it has left, which free bounds,
+ * and the most it had since the last trim (span.c: trim_unused). */
 HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_LIKELY(b != NULL)) heap->span_room[cls - HAK_SLAB_CLASSES]++;
+  if (HAK_LIKELY(b != NULL)) {
+    size_t c = cls - HAK_SLAB_CLASSES;
+    uint16_t room = ++heap->span_room[c];
+    if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
+  }
   return b;
 }
 HAK_INLINE void hak_span_push(hak_heap_t *heap, size_t cls, hak_block_t *b) {

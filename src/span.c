@@ -70,14 +70,17 @@ static size_t pool_total;
  * use of the class swings by more than it holds), up to CACHE_CLASS_BYTES;
  * the thread's caches may grow by CACHE_THREAD_BYTES in all, and all the
  * threads' by CACHE_ALL_BYTES: caches are not purged, and a program with
- * many threads could otherwise keep several MiB in each. */
+ * many threads could otherwise keep several MiB in each. A thread's bound
+ * holds a loop over a batch of buffers of some 20 MiB (bench/batch.c),
+ * which would otherwise take the page heap's lock for most buffers; what
+ * a cache holds and does not use goes back at the next trim. */
 #define BATCH_BYTES ((size_t)64 * 1024)
-#define CACHE_CLASS_BYTES ((size_t)2 << 20)
-#define CACHE_THREAD_BYTES ((size_t)4 << 20)
+#define CACHE_CLASS_BYTES ((size_t)4 << 20)
+#define CACHE_THREAD_BYTES ((size_t)24 << 20)
 #define CACHE_ALL_BYTES ((size_t)64 << 20)
 static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
-/* Span refills between two looks for idle caches. */
-#define IDLE_CHECK_REFILLS 16
+/* Span refills between two trims of the caches (trim_unused). */
+#define TRIM_REFILLS 16
 /* Bytes given back by overflows, with no refill between, after which a
  * thread is taken to be freeing only: it gives all its caches back and
  * keeps none until it allocates a span again, so that its memory can go
@@ -85,7 +88,7 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
  * allocates too gives back far less before a cache runs dry; one that
  * frees in batches drains while its caches are smaller than a batch, but
  * they keep growing, and stop overflowing once they hold one. */
-#define DRAIN_BYTES CACHE_THREAD_BYTES
+#define DRAIN_BYTES ((size_t)4 << 20)
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
 static inline unsigned batch_of(size_t cls) {
@@ -440,7 +443,8 @@ size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
 
 void hak_span_heap_init(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
-    heap->span_max[c] = heap->span_room[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
+    heap->span_max[c] = heap->span_room[c] = heap->span_room_hi[c] =
+        (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
 }
 
 size_t hak_span_cache_growth(void) {
@@ -453,13 +457,15 @@ static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
   return (unsigned)(heap->span_max[c] - heap->span_room[c]);
 }
 
-/* The cache of cls, empty, is back to its first bound. */
-static void cache_shrink(hak_heap_t *heap, size_t cls) {
-  uint16_t *max = &heap->span_max[cls - HAK_SLAB_CLASSES];
-  size_t less = (size_t)(*max - batch_of(cls)) * hak_class_size[cls];
-  heap->span_grown -= less;
-  atomic_fetch_sub_explicit(&grown_all, less, memory_order_relaxed);
-  *max = heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)batch_of(cls);
+/* The bound of the cache of class HAK_SLAB_CLASSES + c moves by n blocks
+ * of bs bytes, and its room with it. */
+static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
+  heap->span_max[c] = (uint16_t)(heap->span_max[c] + n);
+  heap->span_room[c] = (uint16_t)(heap->span_room[c] + n);
+  heap->span_room_hi[c] = (uint16_t)(heap->span_room_hi[c] + n);
+  heap->span_grown += (size_t)((ptrdiff_t)n * (ptrdiff_t)bs);
+  atomic_fetch_add_explicit(&grown_all, (size_t)((ptrdiff_t)n * (ptrdiff_t)bs),
+                            memory_order_relaxed);
 }
 
 /* The cache of cls ran dry: if it overflowed since it last did, it may
@@ -474,11 +480,7 @@ static void cache_grow(hak_heap_t *heap, size_t cls) {
   if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
   size_t all = atomic_load_explicit(&grown_all, memory_order_relaxed);
   if (all + more > CACHE_ALL_BYTES) more = all < CACHE_ALL_BYTES ? CACHE_ALL_BYTES - all : 0;
-  unsigned n = (unsigned)(more / bs);
-  *max = (uint16_t)(*max + n);
-  heap->span_room[cls - HAK_SLAB_CLASSES] = (uint16_t)(heap->span_room[cls - HAK_SLAB_CLASSES] + n);
-  heap->span_grown += (size_t)n * bs;
-  atomic_fetch_add_explicit(&grown_all, (size_t)n * bs, memory_order_relaxed);
+  bound_move(heap, cls - HAK_SLAB_CLASSES, (int)(more / bs), bs);
 }
 
 /* Gives every block of the heap's caches in `mask` (bit c: span class
@@ -494,8 +496,8 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   pthread_mutex_unlock(&hak_span_lock);
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t c = (size_t)__builtin_ctzll(m);
-    heap->seen[c] = NULL;
     heap->span_room[c] = heap->draining ? 0 : heap->span_max[c];
+    heap->span_room_hi[c] = heap->span_room[c];
   }
   hak_purge_wake();
 }
@@ -517,7 +519,8 @@ static void drain(hak_heap_t *heap) {
 
 static void drain_end(hak_heap_t *heap) {
   heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+    heap->span_room[c] = heap->span_room_hi[c] = heap->span_max[c];
 }
 
 /* The caches go back, and their bounds and counts are a new heap's (a
@@ -530,7 +533,6 @@ void hak_span_heap_done(hak_heap_t *heap) {
   heap->span_given_in_row = 0;
   heap->span_refills = 0;
   heap->draining = 0;
-  memset(heap->seen, 0, sizeof heap->seen);
   hak_span_heap_init(heap);
 }
 
@@ -564,6 +566,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   heap->free[cls] = hak_next(last);
   hak_set_next(last, NULL);
   heap->span_room[c] = (uint16_t)(n - 1);
+  if (heap->span_room_hi[c] < n - 1) heap->span_room_hi[c] = (uint16_t)(n - 1);
   heap->span_overflowed |= UINT64_C(1) << c;
   give_list(b);
   heap->span_given_in_row += (size_t)n * hak_class_size[cls];
@@ -571,20 +574,32 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_purge_start();
 }
 
-/* A cache that has not moved since the last look is idle and goes back to
- * the page heap: a program whose sizes drift (strings and arrays that
- * grow) would otherwise keep a cache in every class it went through. */
-static void retire_idle(hak_heap_t *heap) {
-  uint64_t mask = 0;
+/* Each cache gives back three quarters of the blocks it held and did not
+ * use since the last trim (the fewest it held: jemalloc's low-water mark),
+ * the blocks on top, and its bound goes down as much (not below a batch):
+ * a program whose sizes drift (strings and arrays that grow) would
+ * otherwise keep a cache in every class it went through, while a cache
+ * that ran dry since keeps all it holds, even if it moved only a few times
+ * (a loop over a batch of buffers of many sizes). */
+static void trim_unused(hak_heap_t *heap) {
+  hak_block_t *give = NULL;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
-    hak_block_t *list = heap->free[HAK_SLAB_CLASSES + c];
-    if (list != NULL && list == heap->seen[c]) mask |= UINT64_C(1) << c;
-    heap->seen[c] = list;
+    size_t cls = HAK_SLAB_CLASSES + c;
+    unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
+    unsigned n = low - low / 4;
+    if (n > 0) {
+      hak_block_t *first = heap->free[cls], *last = first;
+      for (unsigned i = 1; i < n; i++) last = hak_next(last);
+      heap->free[cls] = hak_next(last);
+      hak_set_next(last, give);
+      give = first;
+      heap->span_room[c] = (uint16_t)(heap->span_room[c] + n);
+      unsigned grown = heap->span_max[c] - batch_of(cls);
+      bound_move(heap, c, -(int)(n < grown ? n : grown), hak_class_size[cls]);
+    }
+    heap->span_room_hi[c] = heap->span_room[c];
   }
-  if (mask == 0) return;
-  caches_give(heap, mask);
-  for (; mask; mask &= mask - 1)
-    cache_shrink(heap, HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(mask));
+  if (give) give_list(give);
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
@@ -636,7 +651,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   HAK_STAT_ADD(refills, 1);
   heap->span_given_in_row = 0;
   if (heap->draining) drain_end(heap);
-  if (++heap->span_refills % IDLE_CHECK_REFILLS == 0) retire_idle(heap);
+  if (++heap->span_refills % TRIM_REFILLS == 0) trim_unused(heap);
   cache_grow(heap, cls);
   /* Out of memory: once, give back what waits for a purge, in a cache or
    * for the purger's unmap, and look again. */

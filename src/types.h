@@ -225,12 +225,12 @@ struct hak_heap_s {
   uint8_t attached_n[HAK_SLAB_CLASSES];
   hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
   /* Span classes (span.c): how many more blocks free[c] may take, and
-   * how many it may hold; free[c] at the last idle check; the bytes by
-   * which the bounds have grown in all; which caches overflowed since they
-   * last ran dry. */
+   * how many it may hold; the most room it had since the last trim (the
+   * fewest blocks); the bytes by which the bounds have grown in all; which
+   * caches overflowed since they last ran dry. */
   uint16_t span_room[HAK_SPAN_CLASSES];
   uint16_t span_max[HAK_SPAN_CLASSES];
-  hak_block_t *seen[HAK_SPAN_CLASSES];
+  uint16_t span_room_hi[HAK_SPAN_CLASSES];
   size_t span_grown;
   uint64_t span_overflowed;
   size_t span_given_in_row; /* by overflows, with no span refill between */

@@ -1242,18 +1242,36 @@ TEST(span_freed_by_another_thread_goes_to_its_cache_and_back_at_exit) {
   CHECK(malloc(50000) == r.p);
 }
 
-/* Grows this thread's caches of three classes as far as they go: each
- * round overflows them, then runs them dry. */
+/* Grows this thread's caches of the seven classes from 96 KiB up as far
+ * as they go (48 blocks of each are more than the 4 MiB a class may hold;
+ * all seven would be 28 MiB): each round overflows them, then runs them
+ * dry. */
 static void grow_span_caches(void) {
-  enum { N = 16 };
-  static const size_t sizes[] = {131072, 196608, 262144};
-  void *ps[3][N];
+  enum { N = 48, K = 7 };
+  static const size_t sizes[K] = {98304, 114688, 131072, 163840, 196608, 229376, 262144};
+  void *ps[K][N];
   for (int round = 0; round < 8; round++) {
     for (int i = 0; i < N; i++)
-      for (int k = 0; k < 3; k++) ps[k][i] = malloc(sizes[k]);
+      for (int k = 0; k < K; k++) REQUIRE((ps[k][i] = malloc(sizes[k])) != NULL);
     for (int i = 0; i < N; i++)
-      for (int k = 0; k < 3; k++) free(ps[k][i]);
+      for (int k = 0; k < K; k++) free(ps[k][i]);
   }
+}
+
+static void *grow_alone(void *arg) {
+  grow_span_caches();
+  *(size_t *)arg = hak_tls_heap->span_grown;
+  return NULL;
+}
+
+/* A thread's caches grow by 24 MiB at most: enough for a loop over a
+ * batch of buffers of some 20 MiB. */
+TEST(a_threads_span_caches_grow_within_its_bound) {
+  size_t grown = 0;
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, grow_alone, &grown) == 0);
+  pthread_join(t, NULL);
+  CHECK_MSG(grown <= (size_t)24 << 20 && grown > (size_t)23 << 20, "grew by %zu", grown);
 }
 
 static pthread_barrier_t grown, checked;
@@ -1266,8 +1284,8 @@ static void *grow_and_wait(void *arg) {
   return NULL;
 }
 
-/* A thread's caches grow by 4 MiB at most, every thread's by 64 MiB, and
- * a thread's growth goes with it when it exits. */
+/* Every thread's caches grow by 64 MiB at most, and a thread's growth
+ * goes with it when it exits. */
 TEST(span_caches_of_all_threads_grow_within_a_bound) {
   enum { T = 24 };
   pthread_t t[T];
@@ -1282,7 +1300,7 @@ TEST(span_caches_of_all_threads_grow_within_a_bound) {
     sum += each[i];
     if (each[i] > most) most = each[i];
   }
-  CHECK_MSG(most <= (size_t)4 << 20 && most > (size_t)7 << 19, "the most a thread grew: %zu", most);
+  CHECK_MSG(most <= (size_t)24 << 20, "the most a thread grew: %zu", most);
   CHECK_MSG(all == sum && all <= (size_t)64 << 20 && all > (size_t)60 << 20, "%zu, sum %zu", all,
             sum);
   pthread_barrier_wait(&checked);
@@ -1290,24 +1308,59 @@ TEST(span_caches_of_all_threads_grow_within_a_bound) {
   CHECK(hak_span_cache_growth() == before);
 }
 
-/* A cache that has not moved for a while goes back to the page heap,
- * while another class refills. */
+/* A cache that is not used goes back to the page heap while another
+ * class refills. */
 TEST(idle_span_cache_goes_back_to_the_page_heap) {
   hak_opt.purge_delay_ms = 100000;
-  enum { N = 200 }; /* 2.4 MiB: more than a cache holds, so it refills */
+  enum { N = 200 }; /* a cache of 5 at first: the first round refills 40 times */
   static void *ps[N];
   size_t idle = hak_size_class(100000);
   void *a = malloc(100000);
   free(a);
   REQUIRE(hak_tls_heap->free[idle] == a);
-  size_t refills = atomic_load(&hak_gstats.refills);
   for (int round = 0; round < 10 && hak_tls_heap->free[idle] != NULL; round++) {
     for (int k = 0; k < N; k++) ps[k] = malloc(12000);
     for (int k = 0; k < N; k++) free(ps[k]);
   }
   CHECK(hak_tls_heap->free[idle] == NULL);
   CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
-  CHECK(atomic_load(&hak_gstats.refills) - refills >= 32); /* two looks */
+}
+
+/* The next span refill trims the caches (every 16th does). */
+static void trim_span_caches(size_t size) {
+  hak_tls_heap->span_refills = 15;
+  REQUIRE(hak_tls_heap->free[hak_size_class(size)] == NULL);
+  free(malloc(size));
+  REQUIRE(hak_tls_heap->span_refills == 16);
+}
+
+/* A trim gives back three quarters of the blocks a cache held and did not
+ * use since the last one, those on top, and nothing of a cache that ran
+ * dry in between, however little it was used. */
+TEST(a_trim_gives_back_what_a_cache_did_not_use) {
+  enum { DRY = 8, IDLE = 5 }; /* the first bounds of the classes of 8 and 12 KiB */
+  size_t dry = hak_size_class(8000), idle = hak_size_class(12000), c = idle - HAK_SLAB_CLASSES;
+  void *d[DRY], *u[IDLE];
+  flush_span_caches();
+  for (int i = 0; i < DRY; i++) REQUIRE((d[i] = malloc(8000)) != NULL);
+  for (int i = 0; i < IDLE; i++) REQUIRE((u[i] = malloc(12000)) != NULL);
+  for (int i = 0; i < DRY; i++) free(d[i]);
+  for (int i = 0; i < IDLE; i++) free(u[i]);
+  REQUIRE(cache_len(dry) == DRY && cache_len(idle) == IDLE);
+  trim_span_caches(160000); /* both ran dry when they were filled: nothing goes */
+  CHECK(cache_len(dry) == DRY && cache_len(idle) == IDLE);
+  for (int i = 0; i < DRY; i++) d[i] = malloc(8000); /* runs dry */
+  for (int i = 0; i < DRY; i++) free(d[i]);
+  free(malloc(12000)); /* uses one block: 4 not used */
+  void *top = hak_tls_heap->free[idle];
+  trim_span_caches(200000);
+  CHECK(cache_len(dry) == DRY);
+  CHECK_MSG(cache_len(idle) == IDLE - 3, "%zu left", cache_len(idle));
+  for (hak_block_t *b = hak_tls_heap->free[idle]; b != NULL; b = hak_next(b))
+    CHECK(b != top); /* gone from the top */
+  CHECK(cache_counted(idle) == cache_len(idle));
+  CHECK(hak_tls_heap->span_max[c] == IDLE); /* not below its first bound */
+  flush_span_caches();
 }
 
 TEST(current_slab_stays_through_ping_pong) {
