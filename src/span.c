@@ -458,14 +458,14 @@ static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
 }
 
 /* The bound of the cache of class HAK_SLAB_CLASSES + c moves by n blocks
- * of bs bytes, and its room with it. */
+ * of bs bytes, and its room with it (n < 0: the sums wrap back). */
 static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
+  size_t bytes = (size_t)n * bs;
   heap->span_max[c] = (uint16_t)(heap->span_max[c] + n);
   heap->span_room[c] = (uint16_t)(heap->span_room[c] + n);
   heap->span_room_hi[c] = (uint16_t)(heap->span_room_hi[c] + n);
-  heap->span_grown += (size_t)((ptrdiff_t)n * (ptrdiff_t)bs);
-  atomic_fetch_add_explicit(&grown_all, (size_t)((ptrdiff_t)n * (ptrdiff_t)bs),
-                            memory_order_relaxed);
+  heap->span_grown += bytes;
+  atomic_fetch_add_explicit(&grown_all, bytes, memory_order_relaxed);
 }
 
 /* The cache of cls ran dry: if it overflowed since it last did, it may
