@@ -515,22 +515,24 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
 }
 
 /* A span class's cache counts the room it has left, which free bounds,
- * and the most it had since the last trim (span.c: trim_unused). */
+ * and the most it had since the last trim (span.c: trim_unused): the
+ * room before a push, the fewest blocks held since the pops before it. */
 HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_LIKELY(b != NULL)) {
-    size_t c = cls - HAK_SLAB_CLASSES;
-    uint16_t room = ++heap->span_room[c];
-    if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
-  }
+  if (HAK_LIKELY(b != NULL)) heap->span_room[cls - HAK_SLAB_CLASSES]++;
   return b;
+}
+HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c) {
+  uint16_t room = heap->span_room[c];
+  if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
+  heap->span_room[c] = (uint16_t)(room - 1);
 }
 HAK_INLINE void hak_span_push(hak_heap_t *heap, size_t cls, hak_block_t *b) {
   hak_block_check_free(b, hak_class_size[cls]);
   HAK_CSTAT_FREE(cls);
   hak_set_next(b, heap->free[cls]);
   heap->free[cls] = b;
-  heap->span_room[cls - HAK_SLAB_CLASSES]--;
+  hak_span_room_take(heap, cls - HAK_SLAB_CLASSES);
 }
 /* A block of any class from the heap's list, or NULL. */
 HAK_INLINE void *hak_heap_pop_any(hak_heap_t *heap, size_t cls) {

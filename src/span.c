@@ -556,7 +556,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_set_next(b, heap->free[cls]);
   heap->free[cls] = b;
   if (heap->span_room[c] != 0) { /* the heap was new */
-    heap->span_room[c]--;
+    hak_span_room_take(heap, c);
     return;
   }
   /* Full: the batch freed last, this block first, goes back. */
@@ -585,6 +585,7 @@ static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
+    if (heap->span_room[c] > heap->span_room_hi[c]) heap->span_room_hi[c] = heap->span_room[c];
     unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
@@ -651,6 +652,8 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   HAK_STAT_ADD(refills, 1);
   heap->span_given_in_row = 0;
   if (heap->draining) drain_end(heap);
+  size_t c = cls - HAK_SLAB_CLASSES;
+  heap->span_room_hi[c] = heap->span_max[c]; /* it ran dry */
   if (++heap->span_refills % TRIM_REFILLS == 0) trim_unused(heap);
   cache_grow(heap, cls);
   /* Out of memory: once, give back what waits for a purge, in a cache or
