@@ -497,7 +497,6 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t c = (size_t)__builtin_ctzll(m);
     heap->span_room[c] = heap->draining ? 0 : heap->span_max[c];
-    heap->span_room_hi[c] = heap->span_room[c];
   }
   hak_purge_wake();
 }
@@ -519,8 +518,7 @@ static void drain(hak_heap_t *heap) {
 
 static void drain_end(hak_heap_t *heap) {
   heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
-    heap->span_room[c] = heap->span_room_hi[c] = heap->span_max[c];
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
 }
 
 /* The caches go back, and their bounds and counts are a new heap's (a
@@ -566,7 +564,6 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   heap->free[cls] = hak_next(last);
   hak_set_next(last, NULL);
   heap->span_room[c] = (uint16_t)(n - 1);
-  if (heap->span_room_hi[c] < n - 1) heap->span_room_hi[c] = (uint16_t)(n - 1);
   heap->span_overflowed |= UINT64_C(1) << c;
   give_list(b);
   heap->span_given_in_row += (size_t)n * hak_class_size[cls];
@@ -585,6 +582,7 @@ static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
+    /* the room now counts too: the caches given back, a batch overflowed */
     if (heap->span_room[c] > heap->span_room_hi[c]) heap->span_room_hi[c] = heap->span_room[c];
     unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
     unsigned n = low - low / 4;
