@@ -1326,6 +1326,36 @@ TEST(idle_span_cache_goes_back_to_the_page_heap) {
   CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
 }
 
+/* Frees the blocks it is handed, allocating nothing, and reports whether
+ * its heap drained and how many of the blocks are still in a cache. */
+typedef struct {
+  void **ps;
+  int n;
+  bool drained;
+  int cached;
+} free_only_t;
+
+static void *free_only(void *arg) {
+  free_only_t *f = arg;
+  for (int i = 0; i < f->n; i++) free(f->ps[i]);
+  f->drained = hak_tls_heap->draining;
+  for (int i = 0; i < f->n; i++) f->cached += page_class(f->ps[i]) != 0;
+  return NULL;
+}
+
+/* A thread that gives back 4 MiB with no refill between frees only: its
+ * caches go back and its next frees go to the page heap, however far a
+ * thread's caches may grow (24 MiB). */
+TEST(a_thread_that_only_frees_keeps_no_span_cache) {
+  enum { N = 512 }; /* 8 MiB of 16 KiB blocks; a cache of 4 at first */
+  static void *ps[N];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(16000)) != NULL);
+  free_only_t f = {ps, N, false, 0};
+  run_thread(free_only, &f);
+  CHECK(f.drained);
+  CHECK_MSG(f.cached == 0, "%d blocks cached", f.cached);
+}
+
 /* The next span refill trims the caches (every 16th does). */
 static void trim_span_caches(size_t size) {
   hak_tls_heap->span_refills = 15;
