@@ -101,7 +101,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
  * that grew a while ago) took the generic path, and which one did was a
  * branch the processor could not predict. size 0 never fits (old / 2 >= 4).
  * A span segment's units map to a FREE descriptor: its blocks are checked
- * by their page word. */
+ * by their page's class byte, as free checks them. */
 void *hak_realloc_impl(void *p, size_t size) {
   uint8_t m = hak_segmap_of(p); /* NONE for NULL; the arena's blocks go generic */
   hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
@@ -111,9 +111,9 @@ void *hak_realloc_impl(void *p, size_t size) {
     size_t old = slab->block_size - HAK_CANARY;
     if (HAK_LIKELY(hak_slab_has_block(slab, p) && size <= old && size >= old / 2)) return p;
     if (seg->kind == HAK_KIND_SPANS) {
-      uint64_t w = seg->span.page[hak_span_page_index(p)];
-      old = hak_class_size[hak_span_word_class(w)] - HAK_CANARY;
-      if (HAK_LIKELY(hak_span_word_is_block(w, p) && size <= old && size >= old / 2)) return p;
+      size_t cls = seg->span.page_class[hak_span_page_index(p)];
+      old = hak_class_size[cls] - HAK_CANARY;
+      if (HAK_LIKELY(hak_span_is_block(cls, p) && size <= old && size >= old / 2)) return p;
     }
   }
   return realloc_generic(p, size);

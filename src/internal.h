@@ -522,10 +522,13 @@ HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
   if (HAK_LIKELY(b != NULL)) heap->span_room[cls - HAK_SLAB_CLASSES]++;
   return b;
 }
+HAK_INLINE void hak_span_room_note(hak_heap_t *heap, size_t c) {
+  if (HAK_UNLIKELY(heap->span_room[c] > heap->span_room_hi[c]))
+    heap->span_room_hi[c] = heap->span_room[c];
+}
 HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c) {
-  uint16_t room = heap->span_room[c];
-  if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
-  heap->span_room[c] = (uint16_t)(room - 1);
+  hak_span_room_note(heap, c);
+  heap->span_room[c]--;
 }
 HAK_INLINE void hak_span_push(hak_heap_t *heap, size_t cls, hak_block_t *b) {
   hak_block_check_free(b, hak_class_size[cls]);

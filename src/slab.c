@@ -40,6 +40,12 @@ static size_t list_length(const hak_block_t *list) {
   return n;
 }
 
+/* The blocks of an attached slab that are out (used counts none of them
+ * while it is attached): the reserved ones not on its local_free. */
+static uint32_t slab_count_out(const hak_slab_t *slab) {
+  return slab->reserved - (uint32_t)list_length(slab->local_free);
+}
+
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s) {
   s->prev = NULL;
   s->next = q->first;
@@ -192,7 +198,7 @@ static void slab_unattach(hak_heap_t *heap, hak_slab_t *slab) {
       heap->attached_n[slab->cls] = (uint8_t)(n - 1);
       break;
     }
-  slab_detach(slab, slab->reserved - (uint32_t)list_length(slab->local_free));
+  slab_detach(slab, slab_count_out(slab));
 }
 
 static inline bool slab_has_freed(const hak_slab_t *slab) {
@@ -349,7 +355,7 @@ hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   }
   hak_slab_t **a = heap->attached[cls];
   for (unsigned i = 0; i < n; i++) /* count again */
-    a[i]->used = a[i]->reserved - (uint32_t)list_length(a[i]->local_free);
+    a[i]->used = slab_count_out(a[i]);
   while (list != NULL) {
     hak_block_t *b = list;
     list = hak_next(b);
