@@ -519,23 +519,14 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
  * room before a push, the fewest blocks held since the pops before it. */
 HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_LIKELY(b != NULL)) heap->span_room[cls - HAK_SLAB_CLASSES]++;
+  if (HAK_LIKELY(b != NULL)) heap->span_room_of[cls]++;
   return b;
 }
-HAK_INLINE void hak_span_room_note(hak_heap_t *heap, size_t c) {
-  if (HAK_UNLIKELY(heap->span_room[c] > heap->span_room_hi[c]))
-    heap->span_room_hi[c] = heap->span_room[c];
-}
-HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c) {
-  hak_span_room_note(heap, c);
-  heap->span_room[c]--;
-}
-HAK_INLINE void hak_span_push(hak_heap_t *heap, size_t cls, hak_block_t *b) {
-  hak_block_check_free(b, hak_class_size[cls]);
-  HAK_CSTAT_FREE(cls);
-  hak_set_next(b, heap->free[cls]);
-  heap->free[cls] = b;
-  hak_span_room_take(heap, cls - HAK_SLAB_CLASSES);
+/* The cache of span class c (counted from 0) takes a block; it had room
+ * before. */
+HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c, uint16_t room) {
+  if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
+  heap->span_room[c] = (uint16_t)(room - 1);
 }
 /* A block of any class from the heap's list, or NULL. */
 HAK_INLINE void *hak_heap_pop_any(hak_heap_t *heap, size_t cls) {
@@ -543,15 +534,22 @@ HAK_INLINE void *hak_heap_pop_any(hak_heap_t *heap, size_t cls) {
 }
 
 /* free of a block of span segment seg: onto this thread's cache of its
- * class, unless it is not a block in use, or the block freed just before,
- * or the cache is full (or the thread has no heap: the sentinel has no
- * room). */
+ * class, unless it is not a block in use (not page-aligned, or on a page
+ * of class 0, whose room is 0), or the block freed just before, or the
+ * cache is full (or the thread has no heap: the sentinel has no room). The
+ * list head and the room are read before the stores, which the compiler
+ * could not otherwise tell apart from them. */
 HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
   size_t cls = seg->span.page_class[hak_span_page_index(p)];
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(hak_span_is_block(cls, p) && heap->free[cls] != p &&
-                 heap->span_room[cls - HAK_SLAB_CLASSES] != 0)) {
-    hak_span_push(heap, cls, p);
+  hak_block_t *head = heap->free[cls];
+  uint16_t room = heap->span_room_of[cls];
+  if (HAK_LIKELY(((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0 && head != p && room != 0)) {
+    hak_block_check_free(p, hak_class_size[cls]);
+    HAK_CSTAT_FREE(cls);
+    hak_set_next(p, head);
+    heap->free[cls] = p;
+    hak_span_room_take(heap, cls - HAK_SLAB_CLASSES, room);
     return;
   }
   hak_span_free_slow(seg, p);
@@ -611,7 +609,7 @@ HAK_INLINE void hak_free_inline(void *p) {
       hak_slab_emptied(hak_tls_heap, slab); /* the owner is this thread */
       return;
     }
-  } else if (hak_segmap_reread(p) == HAK_SEGMAP_SPANS) {
+  } else if (HAK_LIKELY(hak_segmap_reread(p) == HAK_SEGMAP_SPANS)) {
     hak_span_free_inline(seg, p);
     return;
   }

@@ -554,7 +554,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_set_next(b, heap->free[cls]);
   heap->free[cls] = b;
   if (heap->span_room[c] != 0) { /* the heap was new */
-    hak_span_room_take(heap, c);
+    hak_span_room_take(heap, c, heap->span_room[c]);
     return;
   }
   /* Full: the batch freed last, this block first, goes back. */
@@ -582,7 +582,8 @@ static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
-    hak_span_room_note(heap, c); /* the caches given back, a batch overflowed */
+    if (heap->span_room[c] > heap->span_room_hi[c]) /* the caches given back, a batch overflowed */
+      heap->span_room_hi[c] = heap->span_room[c];
     unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {

@@ -228,7 +228,13 @@ struct hak_heap_s {
    * how many it may hold; the most room it had since the last trim (the
    * fewest blocks); the bytes by which the bounds have grown in all; which
    * caches overflowed since they last ran dry. */
-  uint16_t span_room[HAK_SPAN_CLASSES];
+  union {
+    struct {
+      uint16_t span_room_none[HAK_SLAB_CLASSES]; /* 0: free's room test rejects class 0 */
+      uint16_t span_room[HAK_SPAN_CLASSES];
+    };
+    uint16_t span_room_of[HAK_CLASSES]; /* by class */
+  };
   uint16_t span_max[HAK_SPAN_CLASSES];
   uint16_t span_room_hi[HAK_SPAN_CLASSES];
   size_t span_grown;

@@ -864,7 +864,7 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
     CHECK(hak_span_word_is_block(w, p));
     CHECK(hak_span_word_class(w) == cls);
     CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
-    CHECK(page_class(p) == cls && hak_span_is_block(page_class(p), p)); /* free's copy */
+    CHECK(page_class(p) == cls && hak_span_is_block(page_class(p), p)); /* realloc's test */
     CHECK(page_class(p + HAK_PAGE_SIZE) == 0);
     CHECK(malloc_usable_size(p) == hak_class_size[cls]);
     CHECK(hak_slab_of(seg, p)->owner == 0); /* free's slab test fails: the span path */
