@@ -522,10 +522,14 @@ HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls) {
   if (HAK_LIKELY(b != NULL)) heap->span_room_of[cls]++;
   return b;
 }
-/* The cache of span class c (counted from 0) takes a block; it had room
- * before. */
-HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c, uint16_t room) {
+/* The cache of span class c (counted from 0) has room: the most since the
+ * last trim is noted. */
+HAK_INLINE void hak_span_room_note(hak_heap_t *heap, size_t c, uint16_t room) {
   if (HAK_UNLIKELY(room > heap->span_room_hi[c])) heap->span_room_hi[c] = room;
+}
+/* The cache of span class c takes a block; it had room before. */
+HAK_INLINE void hak_span_room_take(hak_heap_t *heap, size_t c, uint16_t room) {
+  hak_span_room_note(heap, c, room);
   heap->span_room[c] = (uint16_t)(room - 1);
 }
 /* A block of any class from the heap's list, or NULL. */

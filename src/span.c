@@ -582,8 +582,8 @@ static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
-    if (heap->span_room[c] > heap->span_room_hi[c]) /* the caches given back, a batch overflowed */
-      heap->span_room_hi[c] = heap->span_room[c];
+    /* the caches given back, a batch overflowed */
+    hak_span_room_note(heap, c, heap->span_room[c]);
     unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
