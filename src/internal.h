@@ -237,6 +237,8 @@ extern pthread_mutex_t hak_span_lock;
 HAK_INLINE unsigned hak_span_page_index(const void *p) {
   return (unsigned)(((uintptr_t)p & HAK_SEG_MASK) >> HAK_PAGE_SHIFT);
 }
+/* Whether p is the start of a page (span blocks start on one). */
+HAK_INLINE bool hak_is_page_start(const void *p) { return ((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0; }
 /* Whether w, the word of p's page, says p starts a block in use. */
 HAK_INLINE bool hak_span_word_is_block(uint64_t w, const void *p) {
   return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) | ((w & HAK_PAGE_TAG) ^ HAK_PAGE_USED)) == 0;
@@ -244,7 +246,7 @@ HAK_INLINE bool hak_span_word_is_block(uint64_t w, const void *p) {
 HAK_INLINE size_t hak_span_word_class(uint64_t w) { return (size_t)(uint8_t)(w >> 8); }
 /* Whether p starts a block in use, cls being its page's page_class. */
 HAK_INLINE bool hak_span_is_block(size_t cls, const void *p) {
-  return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0) & (cls != 0);
+  return hak_is_page_start(p) & (cls != 0);
 }
 /* malloc's miss for a span class: fills the heap's cache of cls (creating
  * a new thread's heap first) and pops a block for a request of size; NULL
@@ -548,7 +550,7 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *head = heap->free[cls];
   uint16_t room = heap->span_room_of[cls];
-  if (HAK_LIKELY(((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0 && head != p && room != 0)) {
+  if (HAK_LIKELY(hak_is_page_start(p) && head != p && room != 0)) {
     hak_block_check_free(p, hak_class_size[cls]);
     HAK_CSTAT_FREE(cls);
     hak_set_next(p, head);

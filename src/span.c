@@ -412,7 +412,7 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
   bool freed = false;
   unsigned i = page_index(p);
   pthread_mutex_lock(&hak_span_lock);
-  if (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0 && i >= HAK_SPAN_FIRST_PAGE) {
+  if (hak_is_page_start(p) && i >= HAK_SPAN_FIRST_PAGE) {
     unsigned j = i;
     while (j > HAK_SPAN_FIRST_PAGE && seg->span.page[j] == 0) j--;
     uint64_t w = seg->span.page[j];
