@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 
 static void sleep_ms(long ms) {
@@ -157,19 +158,59 @@ static int purge_child(void) {
   return later - start < (full - start) / 10 ? 0 : 1;
 }
 
-TEST(purge_after_delay_without_further_calls) {
+/* The same for threads that churn, free everything and then stay alive
+ * without another call: what their heaps and span caches hold must go back
+ * too (slab blocks of 300 B and span blocks of 20 KiB, freed in rounds so
+ * that the caches grow to their bounds). */
+enum { IDLE_THREADS = 4 };
+static pthread_barrier_t idle_done, idle_release;
+static void *churn_then_idle(void *arg) {
+  for (int round = 0; round < 4; round++) {
+    void **a = fill(40000, 300), **b = fill(1000, 20000);
+    drain(a, 40000);
+    drain(b, 1000);
+  }
+  pthread_barrier_wait(&idle_done);
+  pthread_barrier_wait(&idle_release); /* idle, alive, until the main thread has measured */
+  return arg;
+}
+static int idle_threads_child(void) {
+  long start = th_vm_rss_kib();
+  pthread_t t[IDLE_THREADS];
+  pthread_barrier_init(&idle_done, NULL, IDLE_THREADS + 1);
+  pthread_barrier_init(&idle_release, NULL, IDLE_THREADS + 1);
+  for (int i = 0; i < IDLE_THREADS; i++)
+    if (pthread_create(&t[i], NULL, churn_then_idle, NULL) != 0) return 3;
+  pthread_barrier_wait(&idle_done);
+  long just_freed = th_vm_rss_kib();
+  sleep_ms(1200); /* no allocation from here on, in any thread */
+  long later = th_vm_rss_kib();
+  pthread_barrier_wait(&idle_release);
+  for (int i = 0; i < IDLE_THREADS; i++) pthread_join(t[i], NULL);
+  printf("    VmRSS: start %ld, just freed %ld, 1.2 s later %ld KiB (4 idle threads, delay 200 ms)\n",
+         start, just_freed, later);
+  /* Each thread filled 31 MiB at once; 4 MiB in all may stay (a slab per
+   * class and thread, the threads' stacks). */
+  return later - start < 4 * 1024 ? 0 : 1;
+}
+
+static void run_child(const char *flag) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("HAKMEM_PURGE_DELAY_MS", "200", 1);
-    execl("/proc/self/exe", "test_introspect", "--purge-child", (char *)NULL);
+    execl("/proc/self/exe", "test_introspect", flag, (char *)NULL);
     _exit(99);
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %s status %d", flag, status);
 }
+
+TEST(purge_after_delay_without_further_calls) { run_child("--purge-child"); }
+TEST(idle_threads_give_back_what_they_freed) { run_child("--idle-threads-child"); }
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--purge-child") == 0) return purge_child();
+  if (argc > 1 && strcmp(argv[1], "--idle-threads-child") == 0) return idle_threads_child();
   return th_main("introspect", argc, argv);
 }
