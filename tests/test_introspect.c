@@ -172,7 +172,7 @@ static void *churn_then_idle(void *arg) {
   }
   pthread_barrier_wait(&idle_done);
   pthread_barrier_wait(&idle_release); /* idle, alive, until the main thread has measured */
-  return arg;
+  return NULL;
 }
 static int idle_threads_child(void) {
   long start = th_vm_rss_kib();
