@@ -6,8 +6,8 @@
  *   mib      MiB each thread fills (every block written) and frees, per round (default 20)
  *   rounds   rounds of fill and free (default 20)
  *   idle_ms  how long the threads then stay alive without any call (default 1000)
- * Prints VmRSS at start, when the last thread has freed its last block, and
- * after the idle time (KiB). Not a speed test: it models a thread pool whose
+ * Prints VmRSS at start, when the last thread has freed its last block,
+ * after the idle time, and once the threads have exited (KiB). Not a speed test: it models a thread pool whose
  * workers had a burst of work and now wait, and asks whether the memory they
  * freed leaves the process while they wait.
  */
@@ -65,9 +65,10 @@ int main(int argc, char **argv) {
   long idle = bench_status_kib("VmRSS");
   pthread_barrier_wait(&measured);
   for (long i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  long exited = bench_status_kib("VmRSS");
   bench_xfree(t, (size_t)threads * sizeof *t);
   printf("idle_threads threads=%ld size=%ld mib=%ld rounds=%ld idle_ms=%ld build=%s "
-         "rss_start_kib=%ld rss_freed_kib=%ld rss_idle_kib=%ld\n",
-         threads, size, mib, rounds, idle_ms, BENCH_ALLOC_KIND, start, freed, idle);
+         "rss_start_kib=%ld rss_freed_kib=%ld rss_idle_kib=%ld rss_exited_kib=%ld\n",
+         threads, size, mib, rounds, idle_ms, BENCH_ALLOC_KIND, start, freed, idle, exited);
   return 0;
 }
