@@ -4,6 +4,7 @@
 #   make bench-full   reference runs, 5 rounds
 #   make bench-instr  instructions per malloc/free under callgrind
 #   make bench-floor  hakmem against the floor of its design (bench/floor/floor.c)
+#   make bench-programs  real programs (python3, perl, sqlite3, g++), timed whole
 # Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
 # See docs/BENCHMARKS.md.
 
@@ -44,7 +45,10 @@ bench: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
 bench-full: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
 	$(BENCH_PY) bench/run --set full --rounds 5 $(BENCH_SECURE) $(BENCH_ARGS)
 
+bench-programs: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --set programs --rounds 5 $(BENCH_ARGS)
+
 bench-instr: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)
 
-.PHONY: bench bench-full bench-instr bench-bins bench-floor
+.PHONY: bench bench-full bench-instr bench-bins bench-floor bench-programs

@@ -34,6 +34,7 @@ tiny=(
   "batch|20 16"
   "frag|4"
   "frag|--scale 0.004"
+  "progtime|true"
 )
 [ -f "$LIBHAKMEM" ] || bad "LIBHAKMEM=$LIBHAKMEM exists"
 for alloc in glibc hakmem; do
@@ -78,6 +79,22 @@ if [ -n "$start" ] && [ -n "$idle" ] && [ "$idle" -le $((start * 110 / 100)) ]; 
 else
   bad "frag 64 MiB: idle RSS ${idle:-?} KiB not within 10% of start-up ${start:-?} KiB" "$out"
 fi
+
+# progtime fails the run of a program that fails, is killed or cannot start.
+progtime_fails() { # progtime_fails WANT CMD...: exit 1, WANT on stderr, no result line
+  local want=$1 out rc
+  shift
+  out=$("$BIN/progtime" "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 1 ] && [[ $out == *"$want"* ]] && [[ $out != *ops/s=* ]]; then
+    ok "progtime $*: exit 1, '$want'"
+  else
+    bad "progtime $*: exit 1, '$want' (exit $rc)" "$out"
+  fi
+}
+progtime_fails "exited with status 1" false
+progtime_fails "killed by signal 11" sh -c 'kill -SEGV $$'
+progtime_fails "cannot run /nonexistent" /nonexistent
 
 if out=$("$BIN/random_mixed" --help 2>&1) && [[ $out == usage:* ]]; then ok "usage text"; else bad "usage text" "$out"; fi
 
