@@ -47,8 +47,9 @@ void *hak_alloc_zero(size_t count, size_t size) {
   if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = hak_size_class(total + HAK_CANARY);
-  /* A span's cache may hold blocks freed since its refill. */
-  bool clean = heap->clean[cls] && !hak_class_is_span(cls);
+  /* Only a span refill may hand out zero memory (heap->clean); a list may
+   * hold blocks freed since. */
+  bool clean = false;
   void *p = hak_heap_pop_any(heap, cls);
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);

@@ -198,8 +198,8 @@ static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
   uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(s);
   uintptr_t start = (carved + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
   if (start > end) start = end;
-  /* The page of the last block carved keeps the old bytes past it, which
-   * the next block carved (calloc takes it as zero) begins with. */
+  /* The page of the last block carved keeps the old bytes past it: zero
+   * them, so that all the unreserved memory is zero, as s->zero says. */
   memset((void *)carved, 0, start - carved);
   if (start < end) hak_os_purge((void *)start, end - start);
   s->zero = 1;

@@ -152,34 +152,28 @@ static hak_block_t *slab_carve(hak_slab_t *slab) {
 #endif
 }
 
-/* Carves a batch; *clean tells whether its memory is zero. A dirty tail
- * may be purged meanwhile: then only under the heap lock. */
-static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
-  if (!__atomic_load_n(&slab->dirty_tail, __ATOMIC_ACQUIRE)) { /* pairs with purge_tail */
-    *clean = slab->zero;
+/* Carves a batch. A dirty tail may be purged meanwhile: then only under
+ * the heap lock. */
+static hak_block_t *slab_extend(hak_heap_t *heap, hak_slab_t *slab) {
+  if (!__atomic_load_n(&slab->dirty_tail, __ATOMIC_ACQUIRE)) /* pairs with purge_tail */
     return slab_carve(slab);
-  }
   pthread_mutex_lock(&heap->lock);
-  *clean = slab->zero;
   hak_block_t *list = slab_carve(slab);
   pthread_mutex_unlock(&heap->lock);
   return list;
 }
 
 /* The heap took every free block of the slab as its list, empty before:
- * all reserved ones are out. A list of used blocks attaches the slab, so
- * its frees feed that list, beside those of the class's other attached
- * slabs (all of them go when there are HAK_ATTACH_MAX already: every block
- * is out, the counts are exact). A clean run detaches them all, and the
- * slab too: calloc skips clearing its blocks. */
-static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab, bool clean) {
+ * all reserved ones are out. The slab is attached, so its frees feed that
+ * list, beside those of the class's other attached slabs (all of them go
+ * when there are HAK_ATTACH_MAX already: every block is out, the counts
+ * are exact). A fresh run too: a block freed while the program is still
+ * growing comes back at the next malloc, so what it allocates in a row
+ * lies in a row in memory (see docs/PERFORMANCE.md, python3's GC); calloc
+ * clears slab blocks whatever list they come from. */
+static inline void slab_all_out(hak_heap_t *heap, hak_slab_t *slab) {
   size_t cls = slab->cls;
   slab->retiring = 0;
-  if (clean) { /* no other slab's frees may go to a clean list */
-    hak_heap_return_list(heap, cls);
-    slab_detach(slab, slab->reserved);
-    return;
-  }
   slab->used = HAK_USED_ATTACHED;
   if (slab_attached(slab)) return;
   if (heap->attached_n[cls] == HAK_ATTACH_MAX) hak_heap_return_list(heap, cls);
@@ -216,20 +210,19 @@ static bool slab_freed_at_least(const hak_slab_t *slab, size_t n) {
   return n == 0;
 }
 
-/* All free blocks of the slab as one list for the heap, or NULL; *clean
- * tells whether they are never-used blocks of zero memory. The remote list
- * goes out whole, uncounted (slab_all_out sets used): a count would walk
- * every block, lines another thread wrote last, before malloc does. */
-static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab, uint8_t *clean) {
+/* All free blocks of the slab as one list for the heap, or NULL. The
+ * remote list goes out whole, uncounted (slab_all_out sets used): a count
+ * would walk every block, lines another thread wrote last, before malloc
+ * does. */
+static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab) {
   hak_block_t *list = slab->local_free;
-  *clean = 0;
   if (list) {
     slab->local_free = NULL;
   } else if ((list = take_remote(slab)) == NULL) {
     if (slab->reserved == slab->capacity) return NULL;
-    list = slab_extend(heap, slab, clean);
+    list = slab_extend(heap, slab);
   }
-  slab_all_out(heap, slab, *clean);
+  slab_all_out(heap, slab);
   return list;
 }
 
@@ -349,8 +342,8 @@ hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_block_t *list = heap->free[cls];
   unsigned n = heap->attached_n[cls];
   if (list != NULL) heap->free[cls] = NULL;
-  if (n == 0) { /* a clean list, the current slab's, counted */
-    hak_slab_give_back(cur, list);
+  if (n == 0) { /* the list holds blocks of attached slabs only */
+    HAK_ASSERT(list == NULL);
     return cur;
   }
   hak_slab_t **a = heap->attached[cls];
@@ -452,7 +445,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
      * goes FULL when the walk reaches it again with nothing. */
     bool requeued = false;
     while (slab) {
-      hak_block_t *list = slab_take(heap, slab, &heap->clean[cls]);
+      hak_block_t *list = slab_take(heap, slab);
       if (list) {
         queue_move_front(q, slab);
         heap->free[cls] = list;
@@ -519,8 +512,7 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
   slab->local_free = NULL;
-  slab_all_out(heap, slab, false);
-  heap->clean[cls] = 0;
+  slab_all_out(heap, slab);
   heap->free[cls] = list;
   HAK_CSTAT_ALLOC(cls, size);
   return hak_heap_pop(heap, cls);

@@ -214,8 +214,7 @@ typedef struct {
 } hak_outbox_t;
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
- * free[c] of a slab class holds blocks of the slabs attached[c] only, or a
- * clean run of the first slab of queue[c];
+ * free[c] of a slab class holds blocks of the slabs attached[c] only;
  * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
@@ -241,9 +240,8 @@ struct hak_heap_s {
   uint64_t span_overflowed;
   size_t span_given_in_row; /* by overflows, with no span refill between */
   uint8_t draining;         /* see DRAIN_BYTES (span.c) */
-  /* free[c] of a slab class is a run of never-used blocks of zero memory:
-   * calloc need not clear them (only their link words were written); of a
-   * span class, the blocks its last refill took were. */
+  /* Of a span class: the blocks its last refill took are zero memory, so
+   * calloc clears only their link words. Slab classes leave it 0. */
   uint8_t clean[HAK_CLASSES];
   hak_segment_t *segments, *segments_last; /* owned: those with free units first */
   /* Set by another thread that freed into one of our FULL slabs: the next

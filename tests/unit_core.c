@@ -409,12 +409,16 @@ TEST(huge_request_fails_without_emptying_the_caches) {
   CHECK(atomic_load(&hak_gstats.large_cached) == cached);
 }
 
+/* A slab no list of the heap holds blocks of (detached) takes its owner's
+ * frees on its own list and counts them. */
 TEST(local_free_and_used_count) {
   enum { N = 50 };
   void *ps[N];
   for (int i = 0; i < N; i++) ps[i] = malloc(48);
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
+  hak_heap_return_list(hak_tls_heap, slab->cls);
+  REQUIRE(hak_slab_free_to(slab) == &slab->local_free);
   uint32_t used = slab->used;
   free(ps[N - 1]);
   CHECK(slab->used == used - 1);
@@ -454,11 +458,12 @@ TEST(attached_slab_reuses_the_block_freed_last) {
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
-  int m = 0; /* use up the heap's clean run: frees stay on the slab */
+  int m = 0; /* use up the heap's list and detach: frees stay on the slab */
   while (heap->free[cls]) {
     REQUIRE(m < MORE);
     more[m++] = malloc(720);
   }
+  hak_heap_return_list(heap, cls);
   for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
   for (int i = 0; i < N; i++) free(ps[i]);
   CHECK(hak_slab_free_to(slab) == &slab->local_free);
@@ -508,8 +513,11 @@ TEST(a_free_into_any_unit_of_a_long_slab_goes_to_its_list) {
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
   for (unsigned u = slab->index; u < slab->index + slab->units; u++)
-    CHECK(seg->unit[u].slab == slab && seg->unit[u].free_to == &slab->local_free);
-  free(p); /* its blocks were carved: the slab is not attached */
+    CHECK(seg->unit[u].slab == slab && seg->unit[u].free_to == &heap->free[cls]);
+  hak_heap_return_list(heap, cls); /* detached */
+  for (unsigned u = slab->index; u < slab->index + slab->units; u++)
+    CHECK(seg->unit[u].free_to == &slab->local_free);
+  free(p);
   CHECK(slab->local_free == p);
   while (heap->free[cls]) {
     REQUIRE(n < MAX);
@@ -1666,24 +1674,30 @@ TEST(refill_takes_freed_blocks_before_carving) {
   for (int i = 0; i < m; i++) free(more[i]);
 }
 
-TEST(calloc_skips_clearing_fresh_memory_only) {
+/* A block freed while its slab's first run is still being handed out
+ * comes back at the next malloc of its class (a program that allocates
+ * and drops temporaries while it grows gets its objects in a row), and
+ * calloc clears it. */
+TEST(a_fresh_runs_frees_come_back_first_and_calloc_clears_them) {
   size_t cls = hak_size_class(2500);
   unsigned char *p = calloc(1, 2500); /* first use of this class: fresh slab */
-  REQUIRE(p != NULL);
-  CHECK(hak_tls_heap->clean[cls] == 1);
+  REQUIRE(p != NULL && hak_tls_heap->free[cls] != NULL);
   for (int i = 0; i < 2500; i++) REQUIRE(p[i] == 0);
-  /* dirty the slab's blocks, free them, drain the fresh run: the next
-   * list comes from local_free and must be cleared */
-  void *ps[400];
-  int n = 0;
-  while (hak_tls_heap->free[cls] != NULL && n < 400) ps[n++] = malloc(2500);
-  for (int i = 0; i < n; i++) memset(ps[i], 0xEE, 2500);
+  unsigned char *next = (unsigned char *)hak_tls_heap->free[cls];
   memset(p, 0xEE, 2500);
   free(p);
-  for (int i = 0; i < n; i++) free(ps[i]);
   unsigned char *q = calloc(1, 2500);
-  CHECK(hak_tls_heap->clean[cls] == 0 || hak_slab_of(hak_segment_of(q), q)->zero);
+  CHECK(q == p);
   for (int i = 0; i < 2500; i++) REQUIRE(q[i] == 0);
+  memset(q, 0xEE, 2500);
+  free(q);
+  unsigned char *r = malloc(2500);
+  CHECK(r == p);
+  unsigned char *s = calloc(1, 2500); /* the run goes on where it was */
+  CHECK(s == next);
+  for (int i = 0; i < 2500; i++) REQUIRE(s[i] == 0);
+  free(r);
+  free(s);
 }
 
 /* ---- threads: abandonment and adoption ---- */
