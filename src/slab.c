@@ -115,6 +115,39 @@ static inline hak_block_t *take_remote(hak_slab_t *slab) {
 
 void hak_slab_collect_remote(hak_slab_t *slab) { hak_slab_give_back(slab, take_remote(slab)); }
 
+/* A slab's own list of at least this many blocks goes to the heap in
+ * address order; a slab holds at most SORT_BLOCKS blocks (two units of
+ * 16 bytes). */
+#define SORT_MIN 32
+#define SORT_BLOCKS (HAK_BUSY_SMALL_UNITS * HAK_UNIT_SIZE / 16)
+
+/* The list of a detached slab's own frees (used is a count: the list holds
+ * reserved - used blocks), relinked in address order when it is long:
+ * blocks the program freed at random then come back in a row, and so does
+ * what it allocates next, for a walk in creation order (CPython's GC after
+ * a churn: 1.12x; jemalloc's slabs hand out their lowest block first). */
+static hak_block_t *slab_list_in_order(hak_slab_t *slab, hak_block_t *list) {
+  size_t n = slab->reserved - slab->used;
+  if (n < SORT_MIN || slab->capacity > SORT_BLOCKS) return list;
+  uint64_t bits[SORT_BLOCKS / 64];
+  size_t words = (slab->capacity + 63) / 64, bs = slab->block_size;
+  memset(bits, 0, words * sizeof bits[0]);
+  uint8_t *start = hak_slab_start(hak_segment_of_slab(slab), slab);
+  for (hak_block_t *b = list; b != NULL; b = hak_next(b), n--) {
+    size_t i = (size_t)((uint8_t *)b - start) / bs;
+    bits[i / 64] |= (uint64_t)1 << (i % 64);
+  }
+  HAK_ASSERT(n == 0);
+  hak_block_t *head = NULL;
+  for (size_t w = words; w-- > 0;) /* from the top, each block in front */
+    for (uint64_t m = bits[w]; m != 0; m &= ~((uint64_t)1 << (63 - __builtin_clzll(m)))) {
+      hak_block_t *b = (hak_block_t *)(start + (w * 64 + 63 - (size_t)__builtin_clzll(m)) * bs);
+      hak_set_next(b, head);
+      head = b;
+    }
+  return head;
+}
+
 /* Blocks carved at a time from a slab of block size bs. */
 static inline size_t carve_batch(size_t bs) {
   size_t n = HAK_EXTEND_BYTES / bs;
@@ -218,6 +251,7 @@ static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab) {
   hak_block_t *list = slab->local_free;
   if (list) {
     slab->local_free = NULL;
+    list = slab_list_in_order(slab, list);
   } else if ((list = take_remote(slab)) == NULL) {
     if (slab->reserved == slab->capacity) return NULL;
     list = slab_extend(heap, slab);
@@ -512,6 +546,7 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
   slab->local_free = NULL;
+  list = slab_list_in_order(slab, list);
   slab_all_out(heap, slab);
   heap->free[cls] = list;
   HAK_CSTAT_ALLOC(cls, size);
