@@ -140,8 +140,10 @@ static hak_block_t *slab_list_in_order(hak_slab_t *slab, hak_block_t *list) {
   HAK_ASSERT(n == 0);
   hak_block_t *head = NULL;
   for (size_t w = words; w-- > 0;) /* from the top, each block in front */
-    for (uint64_t m = bits[w]; m != 0; m &= ~((uint64_t)1 << (63 - __builtin_clzll(m)))) {
-      hak_block_t *b = (hak_block_t *)(start + (w * 64 + 63 - (size_t)__builtin_clzll(m)) * bs);
+    for (uint64_t m = bits[w]; m != 0;) {
+      size_t top = 63 - (size_t)__builtin_clzll(m);
+      m &= ~((uint64_t)1 << top);
+      hak_block_t *b = (hak_block_t *)(start + (w * 64 + top) * bs);
       hak_set_next(b, head);
       head = b;
     }
