@@ -121,13 +121,16 @@ void hak_slab_collect_remote(hak_slab_t *slab) { hak_slab_give_back(slab, take_r
 #define SORT_MIN 32
 #define SORT_BLOCKS (HAK_BUSY_SMALL_UNITS * HAK_UNIT_SIZE / 16)
 
-/* The list of a detached slab's own frees (used is a count: the list holds
- * reserved - used blocks), relinked in address order when it is long:
- * blocks the program freed at random then come back in a row, and so does
- * what it allocates next, for a walk in creation order (CPython's GC after
- * a churn: 1.12x; jemalloc's slabs hand out their lowest block first). */
-static hak_block_t *slab_list_in_order(hak_slab_t *slab, hak_block_t *list) {
+/* The list of a detached slab's own frees, now the caller's (used is a
+ * count: the list holds reserved - used blocks), relinked in address order
+ * when it is long: blocks the program freed at random then come back in a
+ * row, and so does what it allocates next, for a walk in creation order
+ * (CPython's GC after a churn: 1.12x; jemalloc's slabs hand out their
+ * lowest block first). */
+static hak_block_t *take_local(hak_slab_t *slab) {
+  hak_block_t *list = slab->local_free;
   size_t n = slab->reserved - slab->used;
+  slab->local_free = NULL;
   if (n < SORT_MIN || slab->capacity > SORT_BLOCKS) return list;
   uint64_t bits[SORT_BLOCKS / 64];
   size_t words = (slab->capacity + 63) / 64, bs = slab->block_size;
@@ -250,10 +253,9 @@ static bool slab_freed_at_least(const hak_slab_t *slab, size_t n) {
  * would walk every block, lines another thread wrote last, before malloc
  * does. */
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab) {
-  hak_block_t *list = slab->local_free;
-  if (list) {
-    slab->local_free = NULL;
-    list = slab_list_in_order(slab, list);
+  hak_block_t *list;
+  if (slab->local_free) {
+    list = take_local(slab);
   } else if ((list = take_remote(slab)) == NULL) {
     if (slab->reserved == slab->capacity) return NULL;
     list = slab_extend(heap, slab);
@@ -541,14 +543,12 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
  * everything else go the long way. */
 void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
   hak_slab_t *slab = heap->queue[cls].first;
-  hak_block_t *list;
-  if (HAK_UNLIKELY(slab == NULL || (list = slab->local_free) == NULL ||
+  if (HAK_UNLIKELY(slab == NULL || slab->local_free == NULL ||
                    (__atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED) != 0 &&
                     !atomic_load_explicit(&hak_purge_running, memory_order_relaxed))))
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
-  slab->local_free = NULL;
-  list = slab_list_in_order(slab, list);
+  hak_block_t *list = take_local(slab);
   slab_all_out(heap, slab);
   heap->free[cls] = list;
   HAK_CSTAT_ALLOC(cls, size);

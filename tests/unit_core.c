@@ -174,6 +174,16 @@ TEST(aligned_slab_blocks_are_aligned) {
 /* ---- free lists ---- */
 
 static hak_slab_t *slab_of_ptr(void *p) { return hak_slab_of(hak_segment_of(p), p); }
+/* Mallocs blocks of size into out[n], out[n + 1], ... (at most max in all)
+ * until the heap's list of cls is empty: the next malloc refills. Returns
+ * the new count. */
+static int use_up_list(size_t cls, size_t size, void **out, int n, int max) {
+  while (hak_tls_heap->free[cls] != NULL) {
+    REQUIRE(n < max);
+    out[n++] = malloc(size);
+  }
+  return n;
+}
 
 /* Runs fn(arg) on a thread of its own, to its exit. */
 static void run_thread(void *(*fn)(void *), void *arg) {
@@ -441,12 +451,8 @@ TEST(a_long_list_of_a_slab_comes_back_in_address_order) {
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
   for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
-  int m = 0; /* use up the heap's list and detach: frees stay on the slab */
-  while (heap->free[cls]) {
-    REQUIRE(m < MORE);
-    more[m++] = malloc(SIZE);
-  }
-  hak_heap_return_list(heap, cls);
+  int m = use_up_list(cls, SIZE, more, 0, MORE);
+  hak_heap_return_list(heap, cls); /* detached: frees stay on the slab */
   REQUIRE(heap->queue[cls].first == slab);
   uint32_t x = 12345; /* free them in a shuffled order */
   for (int i = N - 1; i > 0; i--) {
@@ -497,12 +503,8 @@ TEST(attached_slab_reuses_the_block_freed_last) {
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
-  int m = 0; /* use up the heap's list and detach: frees stay on the slab */
-  while (heap->free[cls]) {
-    REQUIRE(m < MORE);
-    more[m++] = malloc(720);
-  }
-  hak_heap_return_list(heap, cls);
+  int m = use_up_list(cls, 720, more, 0, MORE);
+  hak_heap_return_list(heap, cls); /* detached: frees stay on the slab */
   for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
   for (int i = 0; i < N; i++) free(ps[i]);
   CHECK(hak_slab_free_to(slab) == &slab->local_free);
@@ -558,10 +560,7 @@ TEST(a_free_into_any_unit_of_a_long_slab_goes_to_its_list) {
     CHECK(seg->unit[u].free_to == &slab->local_free);
   free(p);
   CHECK(slab->local_free == p);
-  while (heap->free[cls]) {
-    REQUIRE(n < MAX);
-    ps[n++] = malloc(48);
-  }
+  n = use_up_list(cls, 48, ps, n, MAX);
   CHECK(malloc(48) == p); /* the refill took the slab's list: attached */
   for (unsigned u = slab->index; u < slab->index + slab->units; u++)
     CHECK(seg->unit[u].free_to == &heap->free[cls]);
@@ -659,10 +658,7 @@ static void *full_slab_revived_before_carving(void *arg) {
   batch_t b = {mine, k};
   run_thread(free_batch, &b); /* remote frees into the FULL slab */
   CHECK(atomic_load(&heap->full_remote) != 0);
-  while (heap->free[cls]) {
-    REQUIRE(n < MAX);
-    ps[n++] = malloc(SIZE);
-  }
+  n = use_up_list(cls, SIZE, ps, n, MAX);
   uint32_t carved = cur->reserved;
   void *p = malloc(SIZE);
   CHECK_MSG(slab_of_ptr(p) == full, "the refill took %p, not a block of the FULL slab", p);
