@@ -440,39 +440,48 @@ TEST(local_free_and_used_count) {
   CHECK(slab->used == used - N);
 }
 
-/* A detached slab's list of 32 blocks or more goes to the heap in
- * address order, whatever the order of the frees: what the program
- * allocates next lies in a row. */
-TEST(a_long_list_of_a_slab_comes_back_in_address_order) {
-  enum { N = 64, MORE = 200, SIZE = 500 };
-  void *ps[N], *more[MORE];
-  for (int i = 0; i < N; i++) ps[i] = malloc(SIZE);
-  hak_slab_t *slab = slab_of_ptr(ps[0]);
+/* Frees n blocks of size, all of one detached slab, in a shuffled order
+ * into freed[], and mallocs n blocks of that size again into got[]. */
+static void free_shuffled_and_take_back(size_t size, int n, void **freed, void **got) {
+  enum { MORE = 200 };
+  void *more[MORE];
+  for (int i = 0; i < n; i++) freed[i] = malloc(size);
+  hak_slab_t *slab = slab_of_ptr(freed[0]);
   hak_heap_t *heap = hak_tls_heap;
   size_t cls = slab->cls;
-  for (int i = 0; i < N; i++) REQUIRE(slab_of_ptr(ps[i]) == slab);
-  int m = use_up_list(cls, SIZE, more, 0, MORE);
+  for (int i = 0; i < n; i++) REQUIRE(slab_of_ptr(freed[i]) == slab);
+  int m = use_up_list(cls, size, more, 0, MORE);
   hak_heap_return_list(heap, cls); /* detached: frees stay on the slab */
   REQUIRE(heap->queue[cls].first == slab);
-  uint32_t x = 12345; /* free them in a shuffled order */
-  for (int i = N - 1; i > 0; i--) {
+  uint32_t x = 12345;
+  for (int i = n - 1; i > 0; i--) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
     int j = (int)(x % (uint32_t)(i + 1));
-    void *t = ps[i];
-    ps[i] = ps[j];
-    ps[j] = t;
+    void *t = freed[i];
+    freed[i] = freed[j];
+    freed[j] = t;
   }
-  for (int i = 0; i < N; i++) free(ps[i]);
-  uintptr_t last = 0;
-  int ascending = 0;
-  for (int i = 0; i < N; i++) {
-    ps[i] = malloc(SIZE);
-    ascending += (uintptr_t)ps[i] > last;
-    last = (uintptr_t)ps[i];
-  }
-  CHECK_MSG(ascending == N, "%d of %d in address order", ascending, N);
-  for (int i = 0; i < N; i++) free(ps[i]);
+  for (int i = 0; i < n; i++) free(freed[i]);
+  for (int i = 0; i < n; i++) got[i] = malloc(size);
+  for (int i = 0; i < n; i++) free(got[i]);
   for (int i = 0; i < m; i++) free(more[i]);
+}
+
+/* A small class's detached slab's list of 32 blocks or more goes to the
+ * heap in address order, whatever the order of the frees: what the
+ * program allocates next lies in a row. Larger blocks come back in the
+ * reverse order of their frees, without a walk. */
+TEST(a_long_list_of_a_small_slab_comes_back_in_address_order) {
+  enum { N = 40 };
+  void *freed[N], *got[N];
+  free_shuffled_and_take_back(500, N, freed, got);
+  int ascending = 0;
+  for (int i = 1; i < N; i++) ascending += (uintptr_t)got[i] > (uintptr_t)got[i - 1];
+  CHECK_MSG(ascending == N - 1, "%d of %d in address order", ascending, N - 1);
+  free_shuffled_and_take_back(1200, N, freed, got); /* 1280 B: 51 in a unit */
+  int lifo = 0;
+  for (int i = 0; i < N; i++) lifo += got[i] == freed[N - 1 - i];
+  CHECK_MSG(lifo == N, "%d of %d freed last, taken first", lifo, N);
 }
 
 static size_t list_len(const hak_block_t *b) {
@@ -827,7 +836,7 @@ TEST(slab_shortens_to_committed_units) {
   hak_heap_t *heap = hak_tls_heap;
   bool adopted;
   pthread_mutex_lock(&heap->lock);
-  hak_slab_t *s = hak_segment_alloc_slab(heap, HAK_BUSY_SMALL_UNITS, 960, &adopted);
+  hak_slab_t *s = hak_segment_alloc_slab(heap, 4, 960, &adopted);
   pthread_mutex_unlock(&heap->lock);
   REQUIRE(s != NULL);
   CHECK(s == first);
@@ -864,21 +873,29 @@ TEST(segments_with_free_units_come_first) {
   CHECK(hak_segment_of(q) == seg);
 }
 
-/* A small class that filled a slab is busy: its next slab is longer, so
- * more of its frees go to the attached slab. */
-TEST(small_class_that_filled_a_slab_takes_longer_slabs) {
-  enum { N = 200 }; /* 768 B blocks: at most 85 fit one unit */
-  void *ps[N];
-  start_purger(); /* before: starting it allocates */
+/* A class that filled a slab is busy: its next slabs hold at least
+ * HAK_BUSY_BLOCKS blocks (2 units at least), so more of its frees go to
+ * the attached slab. */
+static void check_busy_class_takes_longer_slabs(size_t size, int n) {
+  void **ps = calloc((size_t)n, sizeof *ps);
+  REQUIRE(ps != NULL);
   hak_release_all(); /* no committed free unit left: slabs get their full length */
-  for (int i = 0; i < N; i++) ps[i] = malloc(700);
-  hak_slab_t *first = slab_of_ptr(ps[0]), *last = slab_of_ptr(ps[N - 1]);
+  for (int i = 0; i < n; i++) ps[i] = malloc(size);
+  hak_slab_t *first = slab_of_ptr(ps[0]), *last = slab_of_ptr(ps[n - 1]);
   CHECK(first->units == 1);
   CHECK(first->state == HAK_SLAB_FULL);
   CHECK(last != first);
-  CHECK_MSG(last->units == HAK_BUSY_SMALL_UNITS, "units %u", last->units);
-  CHECK(last->capacity > (HAK_BUSY_SMALL_UNITS - 1) * first->capacity);
-  for (int i = 0; i < N; i++) free(ps[i]);
+  CHECK_MSG(last->units >= HAK_BUSY_MIN_UNITS, "units %u", last->units);
+  CHECK_MSG(last->capacity >= HAK_BUSY_BLOCKS, "%zu B: capacity %u", size, last->capacity);
+  CHECK(last->capacity > first->capacity);
+  for (int i = 0; i < n; i++) free(ps[i]);
+  free(ps);
+}
+
+TEST(a_class_that_filled_a_slab_takes_longer_slabs) {
+  start_purger(); /* before: starting it allocates */
+  check_busy_class_takes_longer_slabs(700, 200); /* 768 B: at most 85 in one unit */
+  check_busy_class_takes_longer_slabs(6000, 40); /* 6 KiB: 10 in one unit */
 }
 
 /* ---- spans ---- */
