@@ -19,13 +19,16 @@ static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
 }
 
 /* A class whose blocks are all `align`-aligned: block sizes that are a
- * multiple of align, in slabs whose start is 4 KiB aligned. */
+ * multiple of align, in slabs whose start is 4 KiB aligned. The class of
+ * a multiple of align is one: below 128 B classes step by 16; above, by an
+ * eighth or a quarter of a power of two, so each class is a multiple of an
+ * align no larger than that step, and every multiple of a larger align is
+ * a class itself. */
 static void *alloc_aligned_slab(size_t align, size_t size) {
-  size_t need = size + HAK_CANARY < align ? align : size + HAK_CANARY;
+  size_t need = (size + HAK_CANARY + align - 1) & ~(align - 1);
   if (need > HAK_BIG_MAX) return hak_large_alloc(size, align, false);
   size_t cls = hak_size_class(need);
-  while (cls < HAK_CLASSES && hak_class_size[cls] % align != 0) cls++;
-  if (cls == HAK_CLASSES) return hak_large_alloc(size, align, false);
+  HAK_ASSERT(hak_class_size[cls] % align == 0);
   void *b = alloc_class(hak_tls_heap, cls, size);
   HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
   return b;

@@ -171,6 +171,24 @@ TEST(aligned_slab_blocks_are_aligned) {
   }
 }
 
+/* An aligned block takes the smallest class that fits and is a multiple of
+ * the alignment, up to the largest span class. */
+TEST(aligned_blocks_take_the_smallest_aligned_class) {
+  for (size_t align = 32; align <= HAK_SLAB_ALIGN_MAX; align *= 2) {
+    for (size_t size = 1; size + HAK_CANARY <= HAK_BIG_MAX; size += size < 2048 ? 7 : 251) {
+      size_t cls = 0;
+      while (hak_class_size[cls] < size + HAK_CANARY || hak_class_size[cls] % align != 0) cls++;
+      void *p = aligned_alloc(align, size);
+      REQUIRE(p != NULL);
+      CHECK_MSG(((uintptr_t)p & (align - 1)) == 0, "align %zu size %zu", align, size);
+      CHECK_MSG(malloc_usable_size(p) == hak_class_size[cls] - HAK_CANARY,
+                "align %zu size %zu: %zu usable, class %u", align, size, malloc_usable_size(p),
+                hak_class_size[cls]);
+      free(p);
+    }
+  }
+}
+
 /* ---- free lists ---- */
 
 static hak_slab_t *slab_of_ptr(void *p) { return hak_slab_of(hak_segment_of(p), p); }
