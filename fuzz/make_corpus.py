@@ -78,6 +78,9 @@ def seeds():
         b"".join(free(e) for e in range(24))
     out["aligned_huge_alignment"] = aligned(0, 10, 24) + aligned(1, 5 << 20, 26) + \
         aligned(2, 1, 27) + free(0) + free(1) + free(2)
+    out["aligned_size_zero"] = b"".join(aligned(e, 0, e) for e in range(24)) + \
+        b"".join(posix(e + 24, 0, e) for e in range(3, 24)) + \
+        b"".join(free(e) for e in range(48))
     out["aligned_bad"] = aligned(0, 10, 28) + aligned(1, 10, 30) + posix(2, 10, 29) + posix(3, 10, 2)
     out["posix_every_power"] = b"".join(posix(e, 1 << (e % 18), e) for e in range(3, 24)) + \
         b"".join(free_sized(e) for e in range(3, 24))

@@ -25,7 +25,7 @@ static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
  * align no larger than that step, and every multiple of a larger align is
  * a class itself. */
 static void *alloc_aligned_slab(size_t align, size_t size) {
-  size_t need = (size + HAK_CANARY + align - 1) & ~(align - 1);
+  size_t need = size + HAK_CANARY == 0 ? align : (size + HAK_CANARY + align - 1) & ~(align - 1);
   if (need > HAK_BIG_MAX) return hak_large_alloc(size, align, false);
   size_t cls = hak_size_class(need);
   HAK_ASSERT(hak_class_size[cls] % align == 0);

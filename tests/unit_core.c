@@ -175,7 +175,7 @@ TEST(aligned_slab_blocks_are_aligned) {
  * the alignment, up to the largest span class. */
 TEST(aligned_blocks_take_the_smallest_aligned_class) {
   for (size_t align = 32; align <= HAK_SLAB_ALIGN_MAX; align *= 2) {
-    for (size_t size = 1; size + HAK_CANARY <= HAK_BIG_MAX; size += size < 2048 ? 7 : 251) {
+    for (size_t size = 0; size + HAK_CANARY <= HAK_BIG_MAX; size += size < 2048 ? 7 : 251) {
       size_t cls = 0;
       while (hak_class_size[cls] < size + HAK_CANARY || hak_class_size[cls] % align != 0) cls++;
       void *p = aligned_alloc(align, size);
