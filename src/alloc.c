@@ -77,6 +77,16 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   return slab->block_size - HAK_CANARY;
 }
 
+/* A new block for p (old usable bytes) of size > 0; NULL, p still valid,
+ * when out of memory. */
+HAK_NOINLINE static void *realloc_move(void *p, size_t size, size_t old) {
+  void *q = hak_malloc_inline(size);
+  if (q == NULL) return NULL;
+  memcpy(q, p, size < old ? size : old);
+  hak_free_inline(p);
+  return q;
+}
+
 HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
   if (p == NULL) return hak_malloc_inline(size);
   if (size == 0) { /* glibc: frees and returns NULL */
@@ -93,11 +103,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
   size_t old = slab_block_size(seg, p);
   /* In place when it fits and wastes at most half the block. */
   if (size <= old && size >= old / 2) return p;
-  void *q = hak_malloc_inline(size);
-  if (q == NULL) return NULL; /* p stays valid */
-  memcpy(q, p, size < old ? size : old);
-  hak_free_inline(p);
-  return q;
+  return realloc_move(p, size, old);
 }
 
 /* The common case first, with no call: a block that keeps fitting. Any
@@ -113,7 +119,11 @@ void *hak_realloc_impl(void *p, size_t size) {
                  seg->kind != HAK_KIND_LARGE)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;
-    if (HAK_LIKELY(hak_slab_has_block(slab, p) && size <= old && size >= old / 2)) return p;
+    if (HAK_LIKELY(hak_slab_has_block(slab, p))) {
+      if (size <= old && size >= old / 2) return p;
+      /* A block of the thread's own slab moves without a second lookup. */
+      if (size != 0 && hak_own_slab(slab, p)) return realloc_move(p, size, old);
+    }
     if (seg->kind == HAK_KIND_SPANS) {
       size_t cls = seg->span.page_class[hak_span_page_index(p)];
       old = hak_class_size[cls] - HAK_CANARY;
