@@ -359,6 +359,7 @@ bool hak_release_all(void) {
     pthread_mutex_lock(&h->lock);
     hak_segment_purge(h, true);
     pthread_mutex_unlock(&h->lock);
+    hak_span_drain_collect(h, true);
   }
   pthread_mutex_unlock(&hak_heaps_lock);
   hak_segment_purge_abandoned(true);
@@ -382,6 +383,7 @@ bool hak_heaps_purge_due(uint64_t now) {
       continue;
     }
     if (!h->parked) pending |= hak_slab_release_idle_full(h, &walk_budget);
+    pending |= hak_span_drain_collect(h, false);
     if (h->next_purge_ms != 0 && now >= h->next_purge_ms) hak_segment_purge(h, false);
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);

@@ -26,14 +26,14 @@ static void thread_done(void *value) {
 static void fork_prepare(void) {
   hak_purge_fork_prepare();
   hak_heaps_lock_all();
-  pthread_mutex_lock(&hak_span_lock);
+  hak_span_fork_prepare();
   pthread_mutex_lock(&hak_segment_lock);
   pthread_mutex_lock(&hak_large_lock);
 }
 static void fork_parent(void) {
   pthread_mutex_unlock(&hak_large_lock);
   pthread_mutex_unlock(&hak_segment_lock);
-  pthread_mutex_unlock(&hak_span_lock);
+  hak_span_fork_parent();
   hak_heaps_unlock_all(false);
   hak_purge_fork_parent();
 }

@@ -266,6 +266,12 @@ size_t hak_span_cache_growth(void); /* bytes the caches of all threads have grow
 /* Purges free runs idle for the purge delay (force: all, and releases
  * every segment all free); true while some wait. */
 bool hak_span_purge(bool force);
+/* The purger's look at a heap: its unfinished batches of a draining heap
+ * go back if it freed none since the last look (or when forced); true if
+ * some wait. */
+bool hak_span_drain_collect(hak_heap_t *heap, bool force);
+void hak_span_fork_prepare(void);
+void hak_span_fork_parent(void);
 void hak_span_fork_child(void);
 
 /* ---- slab.c ---- */

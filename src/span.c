@@ -404,6 +404,123 @@ static void give_list(hak_block_t *list) {
   hak_purge_wake();
 }
 
+/* ---- the transfer ---- */
+
+/* A thread that only frees (draining) hands its span blocks to the threads
+ * that allocate in batches: its frees of a class build a batch in its heap
+ * (a compare-and-swap each, as the purger may take it), and a full one
+ * goes on a stack per class, which a refill takes a batch from whole. A
+ * pipeline's consumer gave each block back to the page heap's runs and its
+ * producer carved them again, a few blocks at a time, both under the page
+ * heap's lock, which they fought over (xmalloc 1p1c of 8-32 KiB blocks:
+ * 30% of the time in pthread_mutex_lock). At most TRANSFER_BATCHES wait
+ * per class; a purge gives back the batches of a class that did not move
+ * since the one before, and the unfinished batches of a heap that freed
+ * nothing since, so a thread that frees and goes idle keeps nothing. */
+#define TRANSFER_BATCHES 16
+typedef struct {
+  hak_block_t *top; /* linked through their first block's third word */
+  unsigned count;
+  bool moved;
+} transfer_t;
+static transfer_t transfer[HAK_SPAN_CLASSES];
+static pthread_mutex_t transfer_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+
+/* After the block's link and, in checked builds, its free tag. */
+static inline hak_block_t **batch_link(hak_block_t *batch) { return &((hak_block_t **)batch)[2]; }
+
+static void transfer_push(size_t c, hak_block_t *batch) {
+  transfer_t *t = &transfer[c];
+  pthread_mutex_lock(&transfer_lock);
+  bool room = t->count < TRANSFER_BATCHES;
+  if (room) {
+    *batch_link(batch) = t->top;
+    __atomic_store_n(&t->top, batch, __ATOMIC_RELAXED);
+    t->count++;
+    t->moved = true;
+  }
+  pthread_mutex_unlock(&transfer_lock);
+  if (!room) give_list(batch);
+}
+
+/* A batch of class c (batch_of blocks), or NULL. */
+static hak_block_t *transfer_pop(size_t c) {
+  transfer_t *t = &transfer[c];
+  if (__atomic_load_n(&t->top, __ATOMIC_RELAXED) == NULL) return NULL; /* a hint */
+  pthread_mutex_lock(&transfer_lock);
+  hak_block_t *batch = t->top;
+  if (batch != NULL) {
+    __atomic_store_n(&t->top, *batch_link(batch), __ATOMIC_RELAXED);
+    t->count--;
+    t->moved = true;
+  }
+  pthread_mutex_unlock(&transfer_lock);
+  return batch;
+}
+
+/* A draining heap's free of b, of span class c. */
+static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
+  _Atomic(hak_block_t *) *open = &heap->drain_open[c];
+  hak_block_t *head = atomic_load_explicit(open, memory_order_relaxed);
+  if (head == NULL) heap->drain_count[c] = 0; /* done, or taken by the purger */
+  hak_set_next(b, head);
+  if (!atomic_compare_exchange_strong_explicit(open, &head, b, memory_order_release,
+                                               memory_order_relaxed)) {
+    heap->drain_count[c] = 0; /* the purger took it (it only ever empties it) */
+    hak_set_next(b, NULL);
+    atomic_store_explicit(open, b, memory_order_release);
+  }
+  atomic_store_explicit(&heap->drain_moved, 1, memory_order_relaxed);
+  if (++heap->drain_count[c] < batch_of(HAK_SLAB_CLASSES + c)) return;
+  heap->drain_count[c] = 0;
+  hak_block_t *batch = atomic_exchange_explicit(open, NULL, memory_order_acquire);
+  if (batch != NULL) transfer_push(c, batch);
+}
+
+/* The heap's unfinished batches go back to the page heap. */
+static void drain_give(hak_heap_t *heap) {
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    _Atomic(hak_block_t *) *open = &heap->drain_open[c];
+    if (atomic_load_explicit(open, memory_order_relaxed) == NULL) continue;
+    hak_block_t *list = atomic_exchange_explicit(open, NULL, memory_order_acquire);
+    if (list != NULL) give_list(list);
+  }
+}
+
+bool hak_span_drain_collect(hak_heap_t *heap, bool force) {
+  if (atomic_exchange_explicit(&heap->drain_moved, 0, memory_order_relaxed) && !force)
+    return true;
+  drain_give(heap);
+  return false;
+}
+
+/* The batches of every class that did not move since the last call (of
+ * every class when forced) go back to the page heap. Returns whether some
+ * still wait. */
+static bool transfer_purge(bool force) {
+  hak_block_t *give[HAK_SPAN_CLASSES];
+  bool waiting = false;
+  pthread_mutex_lock(&transfer_lock);
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    transfer_t *t = &transfer[c];
+    give[c] = NULL;
+    if (force || !t->moved) {
+      give[c] = t->top;
+      __atomic_store_n(&t->top, NULL, __ATOMIC_RELAXED);
+      t->count = 0;
+    }
+    waiting |= t->top != NULL;
+    t->moved = false;
+  }
+  pthread_mutex_unlock(&transfer_lock);
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+    for (hak_block_t *batch = give[c], *next; batch != NULL; batch = next) {
+      next = *batch_link(batch);
+      give_list(batch);
+    }
+  return waiting;
+}
+
 /* ---- checks ---- */
 
 /* A page-aligned pointer inside a free run that was in use: a block freed
@@ -509,7 +626,7 @@ void hak_span_flush(hak_heap_t *heap) {
 }
 
 /* The thread frees and takes no span: its caches go back and take no
- * block (every free goes to the page heap) until its next refill. */
+ * block (every free goes to the transfer) until its next refill. */
 static void drain(hak_heap_t *heap) {
   heap->draining = 1;
   hak_span_flush(heap);
@@ -517,6 +634,7 @@ static void drain(hak_heap_t *heap) {
 }
 
 static void drain_end(hak_heap_t *heap) {
+  drain_give(heap);
   heap->draining = 0;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
 }
@@ -525,6 +643,7 @@ static void drain_end(hak_heap_t *heap) {
  * parked heap serves a new thread next). */
 void hak_span_heap_done(hak_heap_t *heap) {
   hak_span_flush(heap);
+  drain_give(heap);
   atomic_fetch_sub_explicit(&grown_all, heap->span_grown, memory_order_relaxed);
   heap->span_grown = 0;
   heap->span_overflowed = 0;
@@ -545,9 +664,13 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_block_check_free(b, hak_class_size[cls]);
   HAK_CSTAT_FREE(cls);
   if (heap == &hak_heap_empty) heap = hak_heap_get();
-  if (heap == NULL || heap->draining) { /* no cache takes it */
+  if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
+    return;
+  }
+  if (heap->draining) {
+    drain_add(heap, c, b);
     return;
   }
   unsigned n = cache_count(heap, cls) + 1; /* with b */
@@ -654,9 +777,14 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   heap->span_room_hi[c] = heap->span_max[c]; /* it ran dry */
   if (++heap->span_refills % TRIM_REFILLS == 0) trim_unused(heap);
   cache_grow(heap, cls);
-  /* Out of memory: once, give back what waits for a purge, in a cache or
-   * for the purger's unmap, and look again. */
-  if (cache_fill(heap, cls, batch_of(cls)) == 0) {
+  hak_block_t *batch = transfer_pop(c);
+  if (batch != NULL) {
+    heap->free[cls] = batch;
+    heap->span_room[c] = (uint16_t)(heap->span_max[c] - batch_of(cls));
+    heap->clean[cls] = false;
+  } else if (cache_fill(heap, cls, batch_of(cls)) == 0) {
+    /* Out of memory: once, give back what waits for a purge, in a cache
+     * or for the purger's unmap, and look again. */
     hak_release_all();
     cache_fill(heap, cls, batch_of(cls));
   }
@@ -737,8 +865,8 @@ static bool segment_idle(hak_segment_t *seg, uint64_t now, uint64_t delay) {
 }
 
 bool hak_span_purge(bool force) {
+  bool pending = transfer_purge(force);
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
-  bool pending = false;
   pthread_mutex_lock(&hak_span_lock);
   /* While the program grows, what it freed waits: it is what it soon asks
    * for again, here no longer than any free run it has (it frees every
@@ -801,4 +929,15 @@ void hak_span_usage(hak_usage_t *u) {
   pthread_mutex_unlock(&hak_span_lock);
 }
 
-void hak_span_fork_child(void) { pthread_mutex_init(&hak_span_lock, NULL); }
+void hak_span_fork_prepare(void) {
+  pthread_mutex_lock(&hak_span_lock);
+  pthread_mutex_lock(&transfer_lock);
+}
+void hak_span_fork_parent(void) {
+  pthread_mutex_unlock(&transfer_lock);
+  pthread_mutex_unlock(&hak_span_lock);
+}
+void hak_span_fork_child(void) {
+  pthread_mutex_init(&transfer_lock, NULL);
+  pthread_mutex_init(&hak_span_lock, NULL);
+}

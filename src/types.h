@@ -243,6 +243,12 @@ struct hak_heap_s {
   uint64_t span_overflowed;
   size_t span_given_in_row; /* by overflows, with no span refill between */
   uint8_t draining;         /* see DRAIN_BYTES (span.c) */
+  /* A draining heap's frees of each span class not yet a batch, and how
+   * many (span.c); the purger takes those of a heap that stopped freeing
+   * (drain_moved unset since its last pass). */
+  _Atomic(hak_block_t *) drain_open[HAK_SPAN_CLASSES];
+  uint8_t drain_count[HAK_SPAN_CLASSES];
+  _Atomic uint8_t drain_moved;
   /* Of a span class: the blocks its last refill took are zero memory, so
    * calloc clears only their link words. Slab classes leave it 0. */
   uint8_t clean[HAK_CLASSES];

@@ -1212,6 +1212,13 @@ TEST(span_runs_wait_while_the_program_takes_span_pages) {
   free(guard);
 }
 
+/* Whether the segments of ps[0..n), but first, are unmapped. */
+static bool others_unmapped(void **ps, int n, hak_segment_t *first) {
+  for (int i = 0; i < n; i++)
+    if (hak_segment_of(ps[i]) != first && hak_segment_of(ps[i]) != NULL) return false;
+  return true;
+}
+
 /* Span segments all free go back to the segment cache once their pages
  * have been idle for the purge delay, and from there to the OS (but the
  * first one, which may hold a block of the runtime's). */
@@ -1228,12 +1235,11 @@ TEST(span_segments_all_free_go_back_to_the_segment_cache) {
   for (int i = 0; i < N; i++) free(ps[i]);
   flush_span_caches();
   /* purged, cached, and unmapped after the delay again */
-  WAIT_FOR(atomic_load(&hak_gstats.segments) + ours - 1 <= segments);
+  WAIT_FOR(others_unmapped(ps, N, first));
   size_t now = atomic_load(&hak_gstats.segments);
   CHECK_MSG(now + ours - 1 <= segments, "segments %zu -> %zu, %zu of them spans'", segments, now,
             ours);
-  for (int i = 0; i < N; i++)
-    if (hak_segment_of(ps[i]) != first) CHECK(hak_segment_of(ps[i]) == NULL);
+  CHECK(others_unmapped(ps, N, first));
 }
 
 /* Span segments emptied at once stay committed until the purge delay: a
@@ -1405,33 +1411,52 @@ TEST(idle_span_cache_goes_back_to_the_page_heap) {
 }
 
 /* Frees the blocks it is handed, allocating nothing, and reports whether
- * its heap drained and how many of the blocks are still in a cache. */
+ * its heap drained and how many blocks its cache of their class holds. */
 typedef struct {
   void **ps;
   int n;
+  size_t cls;
   bool drained;
-  int cached;
+  size_t cached;
 } free_only_t;
 
 static void *free_only(void *arg) {
   free_only_t *f = arg;
   for (int i = 0; i < f->n; i++) free(f->ps[i]);
   f->drained = hak_tls_heap->draining;
-  for (int i = 0; i < f->n; i++) f->cached += page_class(f->ps[i]) != 0;
+  f->cached = cache_len(f->cls);
   return NULL;
 }
 
 /* A thread that gives back 4 MiB with no refill between frees only: its
- * caches go back and its next frees go to the page heap, however far a
- * thread's caches may grow (24 MiB). */
-TEST(a_thread_that_only_frees_keeps_no_span_cache) {
-  enum { N = 512 }; /* 8 MiB of 16 KiB blocks; a cache of 4 at first */
+ * caches go back and take no block, however far a thread's caches may
+ * grow (24 MiB). Its frees fill batches that wait for the threads that
+ * allocate, which take one whole at a refill: four blocks freed in a row,
+ * freed last first. */
+TEST(a_thread_that_only_frees_hands_its_batches_over) {
+  enum { N = 512, BATCH = 4 }; /* 8 MiB of 16 KiB blocks, 4 to a batch */
   static void *ps[N];
+  size_t cls = hak_size_class(16000);
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(16000)) != NULL);
-  free_only_t f = {ps, N, false, 0};
+  free_only_t f = {ps, N, cls, false, 0};
   run_thread(free_only, &f);
   CHECK(f.drained);
-  CHECK_MSG(f.cached == 0, "%d blocks cached", f.cached);
+  CHECK_MSG(f.cached == 0, "%zu blocks cached", f.cached);
+  void *more[BATCH];
+  int m = 0;
+  while (hak_tls_heap->free[cls] != NULL) { /* what the refills left */
+    REQUIRE(m < BATCH);
+    more[m++] = malloc(16000);
+  }
+  void *got[BATCH];
+  for (int i = 0; i < BATCH; i++) got[i] = malloc(16000);
+  int j = 0;
+  while (j < N && ps[j] != got[0]) j++;
+  CHECK_MSG(j < N, "%p: not a block the thread freed", got[0]);
+  for (int i = 1; i < BATCH && j < N; i++)
+    CHECK_MSG(j >= i && got[i] == ps[j - i], "block %d of the batch", i);
+  for (int i = 0; i < BATCH; i++) free(got[i]);
+  for (int i = 0; i < m; i++) free(more[i]);
 }
 
 /* The next span refill trims the caches (every 16th does). */
