@@ -5,6 +5,7 @@
 #   make bench-instr  instructions per malloc/free under callgrind
 #   make bench-floor  hakmem against the floor of its design (bench/floor/floor.c)
 #   make bench-programs  real programs (python3, perl, sqlite3, g++), timed whole
+#   make bench-sizes  random_mixed and xmalloc one size band at a time
 # Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
 # See docs/BENCHMARKS.md.
 
@@ -48,7 +49,10 @@ bench-full: bench-bins $(BUILD)/libhakmem.so $(BUILD)/secure/libhakmem.so
 bench-programs: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --set programs --rounds 5 $(BENCH_ARGS)
 
+bench-sizes: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --set sizes --rounds 3 $(BENCH_ARGS)
+
 bench-instr: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)
 
-.PHONY: bench bench-full bench-instr bench-bins bench-floor bench-programs
+.PHONY: bench bench-full bench-instr bench-bins bench-floor bench-programs bench-sizes
