@@ -19,11 +19,11 @@ static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
 }
 
 /* A class whose blocks are all `align`-aligned: block sizes that are a
- * multiple of align, in slabs whose start is 4 KiB aligned. The class of
- * a multiple of align is one: below 128 B classes step by 16; above, by an
- * eighth or a quarter of a power of two, so each class is a multiple of an
- * align no larger than that step, and every multiple of a larger align is
- * a class itself. */
+ * multiple of align, in slabs whose start is 4 KiB aligned. The size
+ * rounded up to align (align for 0) has such a class: classes step by 16
+ * below 128 B, and above by an eighth or a quarter of a power of two, so
+ * each is a multiple of any align up to its step, and every multiple of a
+ * larger align is a class itself. */
 static void *alloc_aligned_slab(size_t align, size_t size) {
   size_t need = size + HAK_CANARY == 0 ? align : (size + HAK_CANARY + align - 1) & ~(align - 1);
   if (need > HAK_BIG_MAX) return hak_large_alloc(size, align, false);

@@ -378,12 +378,12 @@ bool hak_heaps_purge_due(uint64_t now) {
   bool pending = false;
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
+    pending |= hak_span_drain_collect(h, false); /* atomics: needs no lock */
     if (pthread_mutex_trylock(&h->lock) != 0) { /* busy: look again later */
       pending = true;
       continue;
     }
     if (!h->parked) pending |= hak_slab_release_idle_full(h, &walk_budget);
-    pending |= hak_span_drain_collect(h, false);
     if (h->next_purge_ms != 0 && now >= h->next_purge_ms) hak_segment_purge(h, false);
     pending |= h->next_purge_ms != 0;
     pthread_mutex_unlock(&h->lock);
