@@ -53,10 +53,11 @@ enum {
   HAK_KIND_SPANS = 1, /* one block per run of pages, HAK_SLAB_MAX < size <= HAK_BIG_MAX */
   HAK_KIND_LARGE = 2, /* a single large block */
 };
-/* A class that filled a slab takes slabs of at least this many blocks and
- * units (slab.c). */
+/* A class that filled a slab takes slabs of at least this many blocks, up
+ * to this many units; no slab holds more than HAK_SLAB_MAX_BLOCKS (slab.c). */
 #define HAK_BUSY_BLOCKS 256
-#define HAK_BUSY_MIN_UNITS 2
+#define HAK_BUSY_MAX_UNITS 32
+#define HAK_SLAB_MAX_BLOCKS 8192
 #define HAK_UNIT_SHIFT 16
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_MAX_SLABS (HAK_SEG_SIZE >> HAK_UNIT_SHIFT) /* 64 units */
