@@ -121,8 +121,10 @@ void *hak_realloc_impl(void *p, size_t size) {
     size_t old = slab->block_size - HAK_CANARY;
     if (HAK_LIKELY(hak_slab_has_block(slab, p))) {
       if (size <= old && size >= old / 2) return p;
-      /* A block of the thread's own slab moves without a second lookup. */
-      if (size != 0 && hak_own_slab(slab, p)) return realloc_move(p, size, old);
+      /* A block of the thread's own slab moves without a second lookup
+       * (the block test above is the one free's own path makes). */
+      if (size != 0 && atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token())
+        return realloc_move(p, size, old);
     }
     if (seg->kind == HAK_KIND_SPANS) {
       size_t cls = seg->span.page_class[hak_span_page_index(p)];

@@ -724,6 +724,14 @@ static void trim_unused(hak_heap_t *heap) {
   if (give) give_list(give);
 }
 
+/* The heap's empty cache of cls takes list, n blocks, zero memory if clean. */
+static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, unsigned n, bool clean) {
+  size_t c = cls - HAK_SLAB_CLASSES;
+  heap->free[cls] = list;
+  heap->span_room[c] = (uint16_t)(heap->span_max[c] - n);
+  heap->clean[cls] = clean;
+}
+
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
  * taken (from a fresh run, by address); for the first, the page heap may
  * take a new segment. Returns how many. */
@@ -756,10 +764,7 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
     hak_set_next(taken[i], head);
     head = taken[i];
   }
-  heap->free[cls] = head;
-  size_t c = cls - HAK_SLAB_CLASSES;
-  heap->span_room[c] = (uint16_t)(heap->span_max[c] - got);
-  heap->clean[cls] = clean;
+  cache_set(heap, cls, head, got, clean);
   return got;
 }
 
@@ -779,9 +784,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
   if (batch != NULL) {
-    heap->free[cls] = batch;
-    heap->span_room[c] = (uint16_t)(heap->span_max[c] - batch_of(cls));
-    heap->clean[cls] = false;
+    cache_set(heap, cls, batch, batch_of(cls), false);
   } else if (cache_fill(heap, cls, batch_of(cls)) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again. */
