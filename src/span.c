@@ -81,13 +81,17 @@ static size_t pool_total;
 static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
 /* Span refills between two trims of the caches (trim_unused). */
 #define TRIM_REFILLS 16
-/* Bytes given back by overflows, with no refill between, after which a
- * thread is taken to be freeing only: it gives all its caches back and
- * keeps none until it allocates a span again, so that its memory can go
- * back to the OS even if it never calls malloc again. A thread that
- * allocates too gives back far less before a cache runs dry; one that
- * frees in batches drains while its caches are smaller than a batch, but
- * they keep growing, and stop overflowing once they hold one. */
+/* Bytes given back by overflows in a row, each finding below the blocks
+ * it gives what the one before left (no block taken from the cache
+ * between), with no refill between, after which a thread is taken to be
+ * freeing only: it gives all its caches back and keeps none until it
+ * allocates a span again, so that its memory can go back to the OS even
+ * if it never calls malloc again. A thread whose use of a class swings
+ * takes from its cache between overflows (counting only refills, one that
+ * held 100-odd blocks of 256 KiB drained a thousand times in 3M steps,
+ * each time it held 16 fewer); one that frees in batches drains while its
+ * caches are smaller than a batch, but they keep growing, and stop
+ * overflowing once they hold one. */
 #define DRAIN_BYTES ((size_t)4 << 20)
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
@@ -413,7 +417,10 @@ static void give_list(hak_block_t *list) {
  * pipeline's consumer gave each block back to the page heap's runs and its
  * producer carved them again, a few blocks at a time, both under the page
  * heap's lock, which they fought over (xmalloc 1p1c of 8-32 KiB blocks:
- * 30% of the time in pthread_mutex_lock). At most TRANSFER_BATCHES wait
+ * 30% of the time in pthread_mutex_lock). A cache that may grow no more
+ * overflows into it too: a thread whose use of a class swings by more than
+ * that gets its blocks back a batch at a time, without the page heap's
+ * splits and merges. At most TRANSFER_BATCHES wait
  * per class; a purge gives back the batches of a class that did not move
  * since the one before, and the unfinished batches of a heap that freed
  * nothing since, so a thread that frees and goes idle keeps nothing. */
@@ -585,19 +592,25 @@ static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
   atomic_fetch_add_explicit(&grown_all, bytes, memory_order_relaxed);
 }
 
+/* How many blocks the bound of the cache of cls may grow by: as many as
+ * it holds, as far as the bounds allow. */
+static unsigned cache_more(const hak_heap_t *heap, size_t cls) {
+  size_t max = heap->span_max[cls - HAK_SLAB_CLASSES];
+  size_t bs = hak_class_size[cls], more = max * bs; /* doubles */
+  if (max * bs + more > CACHE_CLASS_BYTES) more = CACHE_CLASS_BYTES - max * bs;
+  if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
+  size_t all = atomic_load_explicit(&grown_all, memory_order_relaxed);
+  if (all + more > CACHE_ALL_BYTES) more = all < CACHE_ALL_BYTES ? CACHE_ALL_BYTES - all : 0;
+  return (unsigned)(more / bs);
+}
+
 /* The cache of cls ran dry: if it overflowed since it last did, it may
- * hold twice as many, as far as the bounds allow. */
+ * hold twice as many. */
 static void cache_grow(hak_heap_t *heap, size_t cls) {
   uint64_t bit = UINT64_C(1) << (cls - HAK_SLAB_CLASSES);
   if (!(heap->span_overflowed & bit)) return;
   heap->span_overflowed &= ~bit;
-  uint16_t *max = &heap->span_max[cls - HAK_SLAB_CLASSES];
-  size_t bs = hak_class_size[cls], more = (size_t)*max * bs; /* doubles */
-  if (*max * bs + more > CACHE_CLASS_BYTES) more = CACHE_CLASS_BYTES - *max * bs;
-  if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
-  size_t all = atomic_load_explicit(&grown_all, memory_order_relaxed);
-  if (all + more > CACHE_ALL_BYTES) more = all < CACHE_ALL_BYTES ? CACHE_ALL_BYTES - all : 0;
-  bound_move(heap, cls - HAK_SLAB_CLASSES, (int)(more / bs), bs);
+  bound_move(heap, cls - HAK_SLAB_CLASSES, (int)cache_more(heap, cls), hak_class_size[cls]);
 }
 
 /* Gives every block of the heap's caches in `mask` (bit c: span class
@@ -680,16 +693,25 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     hak_span_room_take(heap, c, heap->span_room[c]);
     return;
   }
-  /* Full: the batch freed last, this block first, goes back. */
+  /* Full: the batch freed last, this block first, goes back; to the
+   * transfer, for the next refill of any thread, if the cache may grow no
+   * more (the thread's use of the class swings by more than it may hold). */
   if (n > batch_of(cls)) n = batch_of(cls);
   hak_block_t *last = b;
   for (unsigned i = 1; i < n; i++) last = hak_next(last);
-  heap->free[cls] = hak_next(last);
+  hak_block_t *rest = hak_next(last);
+  /* What the last overflow left is still there: the thread took none of
+   * it since, as a thread that only frees (see DRAIN_BYTES). */
+  bool only_frees = rest == heap->span_left[c];
+  heap->free[cls] = heap->span_left[c] = rest;
   hak_set_next(last, NULL);
   heap->span_room[c] = (uint16_t)(n - 1);
   heap->span_overflowed |= UINT64_C(1) << c;
-  give_list(b);
-  heap->span_given_in_row += (size_t)n * hak_class_size[cls];
+  if (n == batch_of(cls) && cache_more(heap, cls) == 0)
+    transfer_push(c, b);
+  else
+    give_list(b);
+  heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
   if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
   hak_purge_start();
 }

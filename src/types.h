@@ -242,7 +242,8 @@ struct hak_heap_s {
   uint16_t span_room_hi[HAK_SPAN_CLASSES];
   size_t span_grown;
   uint64_t span_overflowed;
-  size_t span_given_in_row; /* by overflows, with no span refill between */
+  size_t span_given_in_row; /* by overflows that found what the last one left */
+  hak_block_t *span_left[HAK_SPAN_CLASSES]; /* each cache's list after its last overflow */
   uint8_t draining;         /* see DRAIN_BYTES (span.c) */
   /* A draining heap's frees of each span class not yet a batch, and how
    * many (span.c); the purger takes those of a heap that stopped freeing

@@ -1465,6 +1465,70 @@ TEST(a_thread_that_only_frees_hands_its_batches_over) {
   for (int i = 0; i < m; i++) free(more[i]);
 }
 
+/* Grows this thread's cache of cls until its bound stops growing: rounds
+ * that free more blocks than it may hold and take them again (it ran dry
+ * after it overflowed). The n blocks are in use again at the end, the cache
+ * and the transfer hold none of the class; returns the bound. */
+static unsigned grow_span_cache(size_t cls, void **ps, int n) {
+  size_t size = hak_class_size[cls], c = cls - HAK_SLAB_CLASSES;
+  unsigned max;
+  do {
+    max = hak_tls_heap->span_max[c];
+    for (int i = 0; i < n; i++) free(ps[i]);
+    for (int i = 0; i < n; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  } while (hak_tls_heap->span_max[c] != max);
+  flush_span_caches();
+  hak_span_purge(true); /* and the transfer */
+  return max;
+}
+
+/* A cache that may grow no more overflows into the transfer, where the
+ * next refill of the class takes the batch freed last; the page heap gets
+ * what the transfer cannot hold (16 batches). */
+TEST(a_cache_that_may_grow_no_more_overflows_into_the_transfer) {
+  enum { N = 100, TRANSFER_BATCHES = 16 };
+  /* one block to a batch, and 2 MiB of overflows: not a thread that drains */
+  size_t size = 60000, cls = hak_size_class(size);
+  static void *ps[N];
+  hak_opt.purge_delay_ms = 100000;
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  unsigned max = grow_span_cache(cls, ps, N);
+  REQUIRE(max + TRANSFER_BATCHES < N);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(!hak_tls_heap->draining);
+  CHECK(cache_len(cls) == max);
+  for (unsigned i = max; i < N; i++) {
+    bool used = (page_word(ps[i]) & HAK_PAGE_TAG) == HAK_PAGE_USED;
+    CHECK_MSG(used == (i < max + TRANSFER_BATCHES), "block %u of %d: %s", i, N,
+              used ? "not given back" : "given back");
+  }
+  for (unsigned i = 0; i < max; i++) REQUIRE(malloc(size) == ps[max - 1 - i]);
+  void *p = malloc(size);
+  CHECK_MSG(p == ps[max + TRANSFER_BATCHES - 1], "%p: not the last block in the transfer", p);
+}
+
+/* A thread whose use of a class swings by more than its cache holds
+ * overflows many times with no refill between, and takes from the cache
+ * between the overflows: it keeps its caches (given 8 MiB in a row, a
+ * thread that only frees drains). */
+TEST(a_thread_whose_use_swings_does_not_drain) {
+  enum { N = 64, CYCLES = 4, TAKE = 4, OVER = 8 };
+  size_t size = 250000, cls = hak_size_class(size);
+  static void *ps[N];
+  hak_opt.purge_delay_ms = 100000;
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  unsigned max = grow_span_cache(cls, ps, N);
+  REQUIRE(max + CYCLES * OVER + TAKE <= N);
+  int next = 0;
+  while (next < (int)max) free(ps[next++]); /* the cache is full */
+  for (int k = 0; k < CYCLES; k++) {
+    for (int i = 0; i < TAKE; i++) REQUIRE(malloc(size) != NULL); /* from the cache */
+    for (int i = 0; i < TAKE + OVER; i++) free(ps[next++]); /* OVER overflows */
+    CHECK_MSG(!hak_tls_heap->draining, "drained in cycle %d", k);
+  }
+  CHECK_MSG(cache_len(cls) == max, "%zu blocks cached, bound %u", cache_len(cls), max);
+}
+
 /* The next span refill trims the caches (every 16th does). */
 static void trim_span_caches(size_t size) {
   hak_tls_heap->span_refills = 15;
