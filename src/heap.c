@@ -155,6 +155,7 @@ static void heap_let_go(hak_heap_t *heap) {
  * the pool. */
 static void heap_abandon(hak_heap_t *heap) {
   __atomic_store_n(&heap->parked, false, __ATOMIC_RELAXED);
+  hak_span_heap_retire(heap);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;

@@ -257,10 +257,11 @@ HAK_NOINLINE void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls);
 HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p);
 void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size);
 size_t hak_span_usable_size(hak_segment_t *seg, const void *p); /* checks p */
-/* The heap's caches go back to the page heap (collect); at its thread's
- * exit, their growth too. */
+/* The heap's caches go back to the page heap (collect, and at its
+ * thread's exit); when it retires, their growth too. */
 void hak_span_flush(hak_heap_t *heap);
 void hak_span_heap_done(hak_heap_t *heap);
+void hak_span_heap_retire(hak_heap_t *heap);
 void hak_span_heap_init(hak_heap_t *heap); /* a new heap's cache bounds */
 size_t hak_span_cache_growth(void); /* bytes the caches of all threads have grown by */
 /* Purges free runs idle for the purge delay (force: all, and releases

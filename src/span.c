@@ -652,17 +652,24 @@ static void drain_end(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
 }
 
-/* The caches go back, and their bounds and counts are a new heap's (a
- * parked heap serves a new thread next). */
+/* The caches go back, empty but with the bounds they grew to: the thread
+ * that takes the parked heap next is likely to use the classes as the last
+ * one did (a server's workers, one after another), and would otherwise
+ * overflow and refill through the page heap until its caches grew again. */
 void hak_span_heap_done(hak_heap_t *heap) {
   hak_span_flush(heap);
   drain_give(heap);
-  atomic_fetch_sub_explicit(&grown_all, heap->span_grown, memory_order_relaxed);
-  heap->span_grown = 0;
   heap->span_overflowed = 0;
   heap->span_given_in_row = 0;
   heap->span_refills = 0;
   heap->draining = 0;
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+    heap->span_room[c] = heap->span_room_hi[c] = heap->span_max[c];
+}
+
+void hak_span_heap_retire(hak_heap_t *heap) {
+  atomic_fetch_sub_explicit(&grown_all, heap->span_grown, memory_order_relaxed);
+  heap->span_grown = 0;
   hak_span_heap_init(heap);
 }
 

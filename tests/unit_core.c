@@ -1375,7 +1375,7 @@ static void *grow_and_wait(void *arg) {
 }
 
 /* Every thread's caches grow by 64 MiB at most, and a thread's growth
- * goes with it when it exits. */
+ * goes when its heap retires. */
 TEST(span_caches_of_all_threads_grow_within_a_bound) {
   enum { T = 24 };
   pthread_t t[T];
@@ -1395,6 +1395,7 @@ TEST(span_caches_of_all_threads_grow_within_a_bound) {
             sum);
   pthread_barrier_wait(&checked);
   for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
+  hak_heaps_retire_parked(); /* parked, a heap keeps its bounds for the next thread */
   CHECK(hak_span_cache_growth() == before);
 }
 
@@ -2002,6 +2003,53 @@ static void *alloc_then_exit_second(void *arg) {
   alloc_then_exit_first(arg);
   sem_wait(&second_may_exit);
   return NULL;
+}
+
+/* A span cache's bound, of the thread that grew it and of the next. */
+typedef struct {
+  hak_heap_t *heap;
+  unsigned max;
+  bool empty;
+} span_bound_t;
+
+#define SPAN_BOUND_SIZE 40000 /* one block to a batch: the first bound is 1 */
+
+static void *grow_a_span_cache(void *arg) {
+  enum { N = 64, ROUNDS = 3 };
+  span_bound_t *sb = arg;
+  size_t cls = hak_size_class(SPAN_BOUND_SIZE);
+  void *ps[N];
+  for (int r = 0; r < ROUNDS; r++) { /* overflows, then runs dry: grows */
+    for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(SPAN_BOUND_SIZE)) != NULL);
+    for (int i = 0; i < N; i++) free(ps[i]);
+  }
+  sb->heap = hak_tls_heap;
+  sb->max = hak_tls_heap->span_max[cls - HAK_SLAB_CLASSES];
+  return NULL;
+}
+
+static void *probe_a_span_cache(void *arg) {
+  span_bound_t *sb = arg;
+  size_t cls = hak_size_class(SPAN_BOUND_SIZE);
+  free(malloc(16)); /* takes a heap */
+  sb->heap = hak_tls_heap;
+  sb->max = hak_tls_heap->span_max[cls - HAK_SLAB_CLASSES];
+  sb->empty = hak_tls_heap->free[cls] == NULL;
+  return NULL;
+}
+
+/* A parked heap's span caches are empty, but keep the bounds they grew
+ * to: the next thread is likely to use the classes as the last one did. */
+TEST(a_parked_heap_keeps_its_span_cache_bounds) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  span_bound_t a = {0}, b = {0};
+  run_thread(grow_a_span_cache, &a);
+  REQUIRE(a.max > 1);
+  run_thread(probe_a_span_cache, &b);
+  REQUIRE(b.heap == a.heap);
+  CHECK_MSG(b.max == a.max, "bound %u, was %u", b.max, a.max);
+  CHECK(b.empty);
 }
 
 TEST(new_thread_takes_the_heap_parked_longest) {
