@@ -1485,27 +1485,29 @@ static unsigned grow_span_cache(size_t cls, void **ps, int n) {
 
 /* A cache that may grow no more overflows into the transfer, where the
  * next refill of the class takes the batch freed last; the page heap gets
- * what the transfer cannot hold (16 batches). */
+ * what the transfer cannot hold (4 MiB a class: 25 blocks of 160 KiB). */
 TEST(a_cache_that_may_grow_no_more_overflows_into_the_transfer) {
-  enum { N = 100, TRANSFER_BATCHES = 16 };
-  /* one block to a batch, and 2 MiB of overflows: not a thread that drains */
-  size_t size = 60000, cls = hak_size_class(size);
+  /* one block to a batch; the cache holds 25 (4 MiB), and 26 overflows in
+   * a row are not 4 MiB given back yet: not a thread that drains */
+  enum { N = 51 };
+  size_t size = 160000, cls = hak_size_class(size);
+  unsigned waiting = (unsigned)(((size_t)4 << 20) / hak_class_size[cls]);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
   unsigned max = grow_span_cache(cls, ps, N);
-  REQUIRE(max + TRANSFER_BATCHES < N);
+  REQUIRE(max + waiting < N);
   for (int i = 0; i < N; i++) free(ps[i]);
   REQUIRE(!hak_tls_heap->draining);
   CHECK(cache_len(cls) == max);
   for (unsigned i = max; i < N; i++) {
     bool used = (page_word(ps[i]) & HAK_PAGE_TAG) == HAK_PAGE_USED;
-    CHECK_MSG(used == (i < max + TRANSFER_BATCHES), "block %u of %d: %s", i, N,
+    CHECK_MSG(used == (i < max + waiting), "block %u of %d: %s", i, N,
               used ? "not given back" : "given back");
   }
   for (unsigned i = 0; i < max; i++) REQUIRE(malloc(size) == ps[max - 1 - i]);
   void *p = malloc(size);
-  CHECK_MSG(p == ps[max + TRANSFER_BATCHES - 1], "%p: not the last block in the transfer", p);
+  CHECK_MSG(p == ps[max + waiting - 1], "%p: not the last block in the transfer", p);
 }
 
 /* A thread whose use of a class swings by more than its cache holds
