@@ -81,17 +81,16 @@ static size_t pool_total;
 static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
 /* Span refills between two trims of the caches (trim_unused). */
 #define TRIM_REFILLS 16
-/* Bytes given back by overflows in a row, each finding below the blocks
- * it gives what the one before left (no block taken from the cache
- * between), with no refill between, after which a thread is taken to be
+/* Bytes given back by overflows in a row, with no refill between and
+ * nothing taken from the cache between two of them (each finds below its
+ * batch what the one before left), after which a thread is taken to be
  * freeing only: it gives all its caches back and keeps none until it
  * allocates a span again, so that its memory can go back to the OS even
  * if it never calls malloc again. A thread whose use of a class swings
- * takes from its cache between overflows (counting only refills, one that
- * held 100-odd blocks of 256 KiB drained a thousand times in 3M steps,
- * each time it held 16 fewer); one that frees in batches drains while its
- * caches are smaller than a batch, but they keep growing, and stop
- * overflowing once they hold one. */
+ * takes from its cache between overflows (judged by refills alone,
+ * random_mixed of 256 KiB blocks drained a thousand times in 3M steps);
+ * one that frees in batches drains while its caches are smaller than a
+ * batch, but they keep growing, and stop overflowing once they hold one. */
 #define DRAIN_BYTES ((size_t)4 << 20)
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
