@@ -226,7 +226,6 @@ hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged);
 void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
 
 /* ---- span.c: blocks of the span classes ---- */
-extern pthread_mutex_t hak_span_lock;
 /* A span segment's page words: the low two bits tell what a page is. */
 #define HAK_PAGE_FREE 1u /* first or last page of a free run: its record | 1 */
 #define HAK_PAGE_USED 2u /* first page of a block: pages << 16 | class << 8 | 2 */

@@ -20,7 +20,7 @@
 #define _GNU_SOURCE /* PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP */
 #include "internal.h"
 
-pthread_mutex_t hak_span_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+static pthread_mutex_t hak_span_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 
 /* What a free run's memory is. Only alike runs merge (see runs_alike). */
 enum {
@@ -448,8 +448,9 @@ static inline hak_block_t **batch_link(hak_block_t *batch) { return &((hak_block
 
 static void transfer_push(size_t c, hak_block_t *batch) {
   transfer_t *t = &transfer[c];
+  unsigned max = transfer_max(c); /* two divisions: not under the lock */
   pthread_mutex_lock(&t->lock);
-  bool room = t->count < transfer_max(c);
+  bool room = t->count < max;
   if (room) {
     *batch_link(batch) = t->top;
     __atomic_store_n(&t->top, batch, __ATOMIC_RELAXED);
