@@ -65,9 +65,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
   return p;
 }
 
-/* Usable size of a block in a slab segment; aborts if p is not one. A
- * block of this thread's ACTIVE slab passes with free's one-multiply test;
- * anything else gets the full check. */
+/* Usable size of a block in a slab segment; aborts if p is not one. */
 static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   hak_slab_t *slab = hak_own_slab_of_block(seg, p);
   if (slab == NULL) {
@@ -135,7 +133,7 @@ void *hak_realloc_impl(void *p, size_t size) {
   return realloc_generic(p, size);
 }
 
-size_t hak_usable_size_impl(const void *p) {
+HAK_NOINLINE size_t hak_usable_size_generic(const void *p) {
   if (p == NULL) return 0;
   hak_segment_t *seg = hak_segment_of(p);
   if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);

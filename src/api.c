@@ -6,7 +6,7 @@ void hak_free(void *p) { hak_free_inline(p); }
 void hak_free_sized(void *p, size_t size) { hak_free_inline(p); }
 void *hak_calloc(size_t count, size_t size) { return hak_alloc_zero(count, size); }
 void *hak_realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
-size_t hak_usable_size(const void *p) { return hak_usable_size_impl(p); }
+size_t hak_usable_size(const void *p) { return hak_usable_size_inline(p); }
 
 void *hak_reallocarray(void *p, size_t count, size_t size) {
   size_t total;

@@ -364,7 +364,9 @@ void hak_free_flush_outboxes(hak_heap_t *heap);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
 void *hak_realloc_impl(void *p, size_t size);
-size_t hak_usable_size_impl(const void *p);
+/* What hak_usable_size_inline does not handle: NULL, large blocks, and
+ * pointers that are not a block in use (it aborts, naming the fault). */
+HAK_NOINLINE size_t hak_usable_size_generic(const void *p);
 HAK_COLD __attribute__((noreturn)) void hak_invalid_free(const void *p);
 HAK_COLD __attribute__((noreturn)) void hak_double_free(const void *p);
 /* Abort with a named error unless p is a live block's start (slow paths):
@@ -626,6 +628,22 @@ HAK_INLINE void hak_free_inline(void *p) {
     return;
   }
   hak_free_generic(p);
+}
+
+/* malloc_usable_size, which programs that count their memory (redis) call
+ * at every malloc and free: a block of any slab in use, or a span block in
+ * use, found and checked as realloc finds them, with no call. */
+HAK_INLINE size_t hak_usable_size_inline(const void *p) {
+  uint8_t m = hak_segmap_of(p); /* NONE for NULL */
+  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  if (HAK_LIKELY(m == HAK_SEGMAP_SLABS)) {
+    hak_slab_t *slab = hak_slab_of(seg, p);
+    if (HAK_LIKELY(hak_slab_has_block(slab, p))) return slab->block_size - HAK_CANARY;
+  } else if (m == HAK_SEGMAP_SPANS) {
+    uint64_t w = seg->span.page[hak_span_page_index(p)];
+    if (HAK_LIKELY(hak_span_word_is_block(w, p))) return hak_class_size[hak_span_word_class(w)] - HAK_CANARY;
+  }
+  return hak_usable_size_generic(p);
 }
 
 #endif

@@ -13,7 +13,7 @@ EXPORT void free(void *p) { hak_free_inline(p); }
 EXPORT void *calloc(size_t n, size_t size) { return hak_alloc_zero(n, size); }
 EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
 EXPORT void *reallocarray(void *p, size_t n, size_t size) { return hak_reallocarray(p, n, size); }
-EXPORT size_t malloc_usable_size(void *p) { return hak_usable_size_impl(p); }
+EXPORT size_t malloc_usable_size(void *p) { return hak_usable_size_inline(p); }
 EXPORT void free_sized(void *p, size_t size) { hak_free_inline(p); }
 EXPORT void free_aligned_sized(void *p, size_t align, size_t size) { hak_free_inline(p); }
 EXPORT int posix_memalign(void **out, size_t align, size_t size) {

@@ -258,6 +258,31 @@ static void do_realloc_stack(int fd) {
 }
 TEST(realloc_of_stack_address_aborts) { expect_abort(do_realloc_stack, INVALID); }
 
+/* malloc_usable_size checks its pointer as free does: a slab block's
+ * interior, a span's second page, memory not from malloc. */
+static void usable_size_of(int fd, void *p) {
+  announce(fd, p);
+  fprintf(stderr, "malloc_usable_size returned %zu\n", malloc_usable_size(p));
+}
+static void do_usable_size_interior(int fd) {
+  char *p = malloc(64);
+  REQUIRE(p);
+  usable_size_of(fd, p + 16);
+}
+static void do_usable_size_span_interior(int fd) {
+  char *p = malloc(100000);
+  REQUIRE(p);
+  usable_size_of(fd, p + 4096);
+}
+static void do_usable_size_global(int fd) { usable_size_of(fd, global_buf); }
+TEST(usable_size_of_interior_pointer_of_64B_block_aborts) {
+  expect_abort(do_usable_size_interior, INVALID);
+}
+TEST(usable_size_of_a_page_inside_a_span_aborts) {
+  expect_abort(do_usable_size_span_interior, INVALID);
+}
+TEST(usable_size_of_global_aborts) { expect_abort(do_usable_size_global, INVALID); }
+
 /* ---- double frees ---- */
 
 static void double_free(int fd, size_t size) {
