@@ -2,7 +2,7 @@
 # Real Debian programs under LD_PRELOAD=$LIBHAKMEM: each workload runs once
 # with the system allocator and once with hakmem; stdout, stderr and the exit
 # code must be identical. Missing programs are failures (CI installs them:
-# python3 perl coreutils gcc g++ sqlite3).
+# python3 perl coreutils gcc g++ sqlite3 redis-server redis-tools).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -227,6 +227,70 @@ sqlite3 "$db" "SELECT count(*) FROM t;"
 EOF
 if need sqlite3_workload sqlite3; then
   same sqlite3_workload bash "$T/run_sqlite.sh" db1.sqlite
+fi
+
+# ---------------------------------------------------------------- redis
+# A server with two I/O threads on a unix socket: a Lua script builds
+# strings, lists, hashes, sorted sets and a 5 MB string, deletes and grows
+# some; the dataset's digest before and after a save-and-reload, then
+# redis-benchmark's 20 clients (output dropped) and the script again.
+# Redis counts its memory with malloc_usable_size at every malloc and free.
+cat >"$T/build.lua" <<'EOF'
+for i = 1, 60000 do
+  redis.call('SET', 'k' .. i, string.rep('v', i % 300))
+  if i % 3 == 0 then redis.call('RPUSH', 'l' .. (i % 100), i, string.rep('x', i % 50)) end
+  if i % 5 == 0 then redis.call('HSET', 'h' .. (i % 50), 'f' .. i, i * 7) end
+  if i % 7 == 0 then redis.call('ZADD', 'z' .. (i % 20), i % 1000, 'm' .. i) end
+  if i % 11 == 0 then redis.call('SADD', 's' .. (i % 30), 'e' .. (i % 5000)) end
+end
+for i = 1, 60000, 4 do redis.call('DEL', 'k' .. i) end
+for i = 2, 60000, 8 do redis.call('APPEND', 'k' .. i, string.rep('a', 500)) end
+for i = 0, 99, 2 do redis.call('LTRIM', 'l' .. i, 10, -10) end
+redis.call('SET', 'big', string.rep('B', 3000000))
+redis.call('SETRANGE', 'big', 5000000, 'end')
+return {redis.call('DBSIZE'), redis.call('STRLEN', 'k2'), redis.call('LLEN', 'l1'),
+        redis.call('HLEN', 'h5'), redis.call('ZCARD', 'z4'), redis.call('SCARD', 's5'),
+        redis.call('STRLEN', 'big')}
+EOF
+cat >"$T/run_redis.sh" <<'EOF'
+set -e
+sock=$PWD/redis.sock
+rm -f "$sock" dump.rdb
+redis-server --port 0 --unixsocket "$sock" --dir "$PWD" --dbfilename dump.rdb --save "" \
+  --appendonly no --enable-debug-command yes --io-threads 2 --io-threads-do-reads yes \
+  --logfile "$PWD/redis.log" &
+srv=$!
+cli() { redis-cli -s "$sock" "$@"; }
+for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+cli eval "$(cat build.lua)" 0
+cli debug digest
+cli zrange z4 0 4 withscores
+cli debug reload
+cli debug digest
+redis-benchmark -s "$sock" -q -n 20000 -c 20 -r 10000 -d 100 \
+  -t set,get,lpush,lpop,sadd,hset,zadd,mset >/dev/null
+cli flushall
+cli eval "$(cat build.lua)" 0
+cli debug digest
+cli shutdown nosave
+wait $srv
+EOF
+if need redis_workload redis-server redis-cli redis-benchmark; then
+  same redis_workload bash "$T/run_redis.sh" work
+  # The server's allocations land in hakmem, not in the jemalloc it links:
+  # a 64 MiB string, then the statistics it prints at exit.
+  (cd "$T" && rm -f s.sock &&
+    { LD_PRELOAD="$LIBHAKMEM" HAKMEM_STATS=1 timeout 60 redis-server --port 0 --unixsocket s.sock \
+        --save "" --logfile s.log 2>redis.stats & } &&
+    for _ in $(seq 100); do redis-cli -s s.sock ping >/dev/null 2>&1 && break; sleep 0.1; done &&
+    redis-cli -s s.sock setrange huge 67108864 x >/dev/null &&
+    redis-cli -s s.sock shutdown nosave >/dev/null; wait)
+  peak=$(sed -n 's/.*OS mapped now.*(peak \([0-9]*\) KiB).*/\1/p' "$T/redis.stats" 2>/dev/null | tail -1)
+  if [ "${peak:-0}" -ge $((64 * 1024)) ]; then
+    ok redis_allocations_served_by_hakmem "peak mapped ${peak} KiB"
+  else
+    bad redis_allocations_served_by_hakmem "hakmem's peak mapped '${peak:-none}' KiB < 64 MiB after a 64 MiB string"
+  fi
 fi
 
 # ---------------------------------------------------------------- hakmem really served
