@@ -396,6 +396,14 @@ bool hak_heaps_purge_due(uint64_t now) {
   return pending;
 }
 
+bool hak_heaps_other_thread(void) {
+  bool any = false;
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h && !any; h = h->next) any = h->token != 0 && h != hak_tls_heap;
+  pthread_mutex_unlock(&hak_heaps_lock);
+  return any;
+}
+
 void hak_heaps_abandon_others(hak_heap_t *keep) {
   heaps_parked = NULL;
   atomic_store(&empty_parked, 0);

@@ -76,6 +76,9 @@ uint64_t hak_clock_ms(void);
 uint64_t hak_clock_ns(void);
 size_t hak_os_rss(void);
 size_t hak_os_rss_peak(void);
+/* Whether the calling thread is the process's last (a main thread that
+ * called pthread_exit not counted); false when /proc cannot tell. */
+bool hak_os_last_thread(void);
 
 /* ---- segment map: one byte per 4 MiB chunk of the 47-bit address space
  * (32 MiB of address space, untouched but for the chunks hakmem uses) ---- */
@@ -334,6 +337,8 @@ void hak_heaps_lock_all(void);
 void hak_heaps_unlock_all(bool reinit);
 /* Purges heaps whose delay has passed; true while any purge is pending. */
 bool hak_heaps_purge_due(uint64_t now);
+/* Whether a thread other than the caller holds a heap (not parked). */
+bool hak_heaps_other_thread(void);
 extern pthread_mutex_t hak_heaps_lock;
 
 /* ---- usage: what is in use and free right now (introspection) ---- */

@@ -75,16 +75,22 @@ uint64_t hak_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* The text of a /proc file, NUL-terminated (what fits); false if unread. */
+static bool proc_read(const char *path, char *buf, size_t size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, size - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  return true;
+}
+
 /* A "Name:   123 kB" field of /proc/self/status, in bytes (0 if absent).
  * VmHWM rather than getrusage: ru_maxrss is inherited across exec. */
 static size_t proc_status_kib(const char *field) {
-  int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
   char buf[4096];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
+  if (!proc_read("/proc/self/status", buf, sizeof buf)) return 0;
   const char *s = strstr(buf, field);
   if (s == NULL) return 0;
   s += strlen(field);
@@ -94,8 +100,33 @@ static size_t proc_status_kib(const char *field) {
   return kib * 1024;
 }
 
+/* Field n (3 or more: those after the command name) of a stat file. */
+static const char *stat_field(const char *stat, int n) {
+  const char *s = strrchr(stat, ')');
+  if (s == NULL) return NULL;
+  for (int f = 2; f < n && s != NULL; f++) s = strchr(s + 1, ' ');
+  return s ? s + 1 : NULL;
+}
+
 size_t hak_os_rss(void) { return proc_status_kib("VmRSS:"); }
 size_t hak_os_rss_peak(void) { return proc_status_kib("VmHWM:"); }
+
+bool hak_os_last_thread(void) {
+  char buf[1024];
+  if (!proc_read("/proc/self/stat", buf, sizeof buf)) return false;
+  const char *threads = stat_field(buf, 20);
+  if (threads == NULL) return false;
+  long n = strtol(threads, NULL, 10);
+  if (n == 1) return true;
+  /* The main thread that called pthread_exit stays a zombie, counted. */
+  pid_t pid = getpid();
+  if (n != 2 || gettid() == pid) return false;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)pid);
+  if (!proc_read(path, buf, sizeof buf)) return false;
+  const char *state = stat_field(buf, 3);
+  return state != NULL && *state == 'Z';
+}
 
 bool hak_os_move(void *old, size_t size, void *target) {
   if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) return false;

@@ -1,7 +1,8 @@
 /* The background purger: returns free memory to the OS once it has been
  * idle for HAKMEM_PURGE_DELAY_MS, even when the program has stopped calling
  * malloc. The thread is started lazily, the first time something waits to
- * be purged, and sleeps without a timeout when nothing is pending. */
+ * be purged, and sleeps without a timeout when nothing is pending (while
+ * some thread of the program holds a heap). */
 #include "internal.h"
 
 #include <signal.h>
@@ -94,6 +95,12 @@ static bool purge_pass(void) {
   return pending;
 }
 
+/* Whether the program's threads are all gone and this one is left, as
+ * after a main thread's pthread_exit or in a child forked from a thread:
+ * glibc ends the process (exit(0)) when its last thread returns, so the
+ * purger must not be what keeps it alive. */
+static bool program_gone(void) { return !hak_heaps_other_thread() && hak_os_last_thread(); }
+
 static void *purge_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
@@ -104,7 +111,14 @@ static void *purge_main(void *arg) {
     uint64_t step = delay / 4;
     wait_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
     atomic_store(&wanted, 0);
-    if (purge_pass()) continue;
+    bool pending = purge_pass();
+    if (program_gone()) break;
+    if (pending) continue;
+    /* No thread with a heap: the last may be one that never allocated. */
+    if (!hak_heaps_other_thread()) {
+      wait_ms(1000);
+      continue;
+    }
     /* Nothing pending: sleep until something is scheduled. */
     pthread_mutex_lock(&wait_lock);
     atomic_store(&idle, 1);
@@ -113,6 +127,9 @@ static void *purge_main(void *arg) {
     atomic_store(&idle, 0);
     pthread_mutex_unlock(&wait_lock);
   }
+  /* Still started, so that nothing starts another: the process exits. */
+  atomic_store_explicit(&hak_purge_running, 0, memory_order_release);
+  hak_purge_drain();
   return NULL;
 }
 

@@ -375,4 +375,52 @@ TEST_T(fork_after_threads_exit_leaving_blocks, 60) {
   CHECK(atomic_load(&g_bad) == 0);
 }
 
+/* ---------- the process ends with its last thread ---------- */
+
+static int g_exit_pipe = -1;
+static void say_exit(void) { (void)!write(g_exit_pipe, "atexit\n", 7); }
+
+/* Blocks freed and allocated in bursts, enough for the purger to start. */
+static void *last_worker(void *arg) {
+  for (int i = 0; i < 20000; i++) free(malloc(100 + (size_t)(i * 37) % 60000));
+  void *big = malloc(8 << 20);
+  free(big);
+  return NULL;
+}
+
+/* A forked child (its forking thread is its main thread) starts a worker
+ * and calls pthread_exit: POSIX ends the process with status 0, atexit
+ * handlers run, once the worker is done. hakmem's purger thread must not
+ * keep it alive (nor, blocking every signal, make it deaf to SIGTERM). */
+TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    g_exit_pipe = fds[1];
+    atexit(say_exit);
+    for (int i = 0; i < 5000; i++) free(malloc(200));
+    pthread_t t;
+    if (pthread_create(&t, NULL, last_worker, NULL) != 0) _exit(5);
+    pthread_exit(NULL);
+  }
+  close(fds[1]);
+  int status = 0;
+  double t0 = th_now();
+  pid_t w;
+  while ((w = waitpid(pid, &status, WNOHANG)) == 0 && th_now() - t0 < 10.0) usleep(1000);
+  if (w == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  char buf[16] = {0};
+  (void)!read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  CHECK_MSG(w == pid, "the process still ran 10 s after its last thread exited");
+  CHECK_MSG(w != pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0), "status %#x", status);
+  CHECK_MSG(strcmp(buf, "atexit\n") == 0, "the atexit handler did not run (read \"%s\")", buf);
+}
+
 TEST_MAIN("threads")
