@@ -95,12 +95,6 @@ static bool purge_pass(void) {
   return pending;
 }
 
-/* Whether the program's threads are all gone and this one is left, as
- * after a main thread's pthread_exit or in a child forked from a thread:
- * glibc ends the process (exit(0)) when its last thread returns, so the
- * purger must not be what keeps it alive. */
-static bool program_gone(void) { return !hak_heaps_other_thread() && hak_os_last_thread(); }
-
 static void *purge_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
@@ -112,9 +106,15 @@ static void *purge_main(void *arg) {
     wait_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
     atomic_store(&wanted, 0);
     bool pending = purge_pass();
-    if (program_gone()) break;
+    /* The program's threads may all be gone (a main that called
+     * pthread_exit, a child forked from a thread): glibc ends the process
+     * (exit(0)) when its last thread returns, so the purger must not be
+     * what keeps it alive. The kernel's count, not the heaps: a thread's
+     * last frees, after its exit handler, may leave it a new heap. */
+    if (hak_os_last_thread()) break;
     if (pending) continue;
-    /* No thread with a heap: the last may be one that never allocated. */
+    /* No other thread holds a heap: the last may be one that never
+     * allocated, whose exit the purger would not hear of. */
     if (!hak_heaps_other_thread()) {
       wait_ms(1000);
       continue;

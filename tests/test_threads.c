@@ -388,11 +388,17 @@ static void *last_worker(void *arg) {
   return NULL;
 }
 
+/* A thread that never allocates: its exit reaches no heap's handler. */
+static void *quiet_worker(void *arg) {
+  usleep(300000);
+  return NULL;
+}
+
 /* A forked child (its forking thread is its main thread) starts a worker
  * and calls pthread_exit: POSIX ends the process with status 0, atexit
  * handlers run, once the worker is done. hakmem's purger thread must not
  * keep it alive (nor, blocking every signal, make it deaf to SIGTERM). */
-TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
+static void expect_end_after_main_pthread_exit(void *(*worker)(void *)) {
   int fds[2];
   REQUIRE(pipe(fds) == 0);
   pid_t pid = fork();
@@ -402,8 +408,9 @@ TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
     g_exit_pipe = fds[1];
     atexit(say_exit);
     for (int i = 0; i < 5000; i++) free(malloc(200));
+    free(malloc(8 << 20));
     pthread_t t;
-    if (pthread_create(&t, NULL, last_worker, NULL) != 0) _exit(5);
+    if (pthread_create(&t, NULL, worker, NULL) != 0) _exit(5);
     pthread_exit(NULL);
   }
   close(fds[1]);
@@ -421,6 +428,14 @@ TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
   CHECK_MSG(w == pid, "the process still ran 10 s after its last thread exited");
   CHECK_MSG(w != pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0), "status %#x", status);
   CHECK_MSG(strcmp(buf, "atexit\n") == 0, "the atexit handler did not run (read \"%s\")", buf);
+}
+
+TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
+  expect_end_after_main_pthread_exit(last_worker);
+}
+
+TEST_T(process_ends_when_its_last_thread_never_allocated, 60) {
+  expect_end_after_main_pthread_exit(quiet_worker);
 }
 
 TEST_MAIN("threads")
