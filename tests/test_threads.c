@@ -7,6 +7,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,6 +288,17 @@ static int child_work(int n) {
   return atomic_load(&g_bad) ? 7 : 0;
 }
 
+/* Waits up to 10 s for the child; false (the child killed) if it ran on. */
+static bool wait_child(pid_t pid, int *status) {
+  double t0 = th_now();
+  pid_t w;
+  while ((w = waitpid(pid, status, WNOHANG)) == 0 && th_now() - t0 < 10.0) usleep(1000);
+  if (w != 0) return true;
+  kill(pid, SIGKILL);
+  waitpid(pid, status, 0);
+  return false;
+}
+
 TEST_T(fork_while_threads_allocate, 120) {
   enum { T = 4, FORKS = 50 };
   pthread_t th[T];
@@ -302,14 +314,8 @@ TEST_T(fork_while_threads_allocate, 120) {
       int rc = child_work(n);
       exit(rc);
     }
-    /* Wait up to 10 s for this child. */
     int status = 0;
-    double t0 = th_now();
-    pid_t w;
-    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && th_now() - t0 < 10.0) usleep(1000);
-    if (w == 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
+    if (!wait_child(pid, &status)) {
       if (hung++ == 0) fprintf(stderr, "    fork #%d: child hung for 10 s (deadlock in malloc after fork?)\n", n);
       continue;
     }
@@ -415,18 +421,12 @@ static void expect_end_after_main_pthread_exit(void *(*worker)(void *)) {
   }
   close(fds[1]);
   int status = 0;
-  double t0 = th_now();
-  pid_t w;
-  while ((w = waitpid(pid, &status, WNOHANG)) == 0 && th_now() - t0 < 10.0) usleep(1000);
-  if (w == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
+  bool ended = wait_child(pid, &status);
   char buf[16] = {0};
   (void)!read(fds[0], buf, sizeof buf - 1);
   close(fds[0]);
-  CHECK_MSG(w == pid, "the process still ran 10 s after its last thread exited");
-  CHECK_MSG(w != pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0), "status %#x", status);
+  CHECK_MSG(ended, "the process still ran 10 s after its last thread exited");
+  CHECK_MSG(!ended || (WIFEXITED(status) && WEXITSTATUS(status) == 0), "status %#x", status);
   CHECK_MSG(strcmp(buf, "atexit\n") == 0, "the atexit handler did not run (read \"%s\")", buf);
 }
 
