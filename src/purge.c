@@ -161,7 +161,8 @@ void hak_purge_start_slow(void) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&attr, 64 * 1024);
+  /* The default stack, whose untouched pages cost nothing: when the
+   * program's threads are gone, its exit handlers run on this one. */
   pthread_t t;
   if (pthread_create(&t, &attr, purge_main, NULL) != 0) atomic_store(&hak_purge_started, 0);
   pthread_attr_destroy(&attr);
