@@ -96,9 +96,9 @@ static bool purge_pass(void) {
 }
 
 static void *purge_main(void *arg) {
-  sigset_t all;
+  sigset_t all, program;
   sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's */
+  pthread_sigmask(SIG_BLOCK, &all, &program); /* signals are the program's */
   atomic_store_explicit(&hak_purge_running, 1, memory_order_release);
   for (;;) {
     uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
@@ -127,9 +127,12 @@ static void *purge_main(void *arg) {
     atomic_store(&idle, 0);
     pthread_mutex_unlock(&wait_lock);
   }
-  /* Still started, so that nothing starts another: the process exits. */
+  /* Still started, so that nothing starts another: the process exits,
+   * its exit handlers run here, with the signals of the thread that
+   * started the purger. */
   atomic_store_explicit(&hak_purge_running, 0, memory_order_release);
   hak_purge_drain();
+  pthread_sigmask(SIG_SETMASK, &program, NULL);
   return NULL;
 }
 
