@@ -65,13 +65,12 @@ void *hak_alloc_zero(size_t count, size_t size) {
   return p;
 }
 
-/* Usable size of a block in a slab segment; aborts if p is not one. */
+/* Usable size of a block in a slab segment; aborts if p is not one. Its
+ * callers tried the cheap tests already (malloc_usable_size's and
+ * realloc's inline paths): this one names the fault. */
 static size_t slab_block_size(hak_segment_t *seg, const void *p) {
-  hak_slab_t *slab = hak_own_slab_of_block(seg, p);
-  if (slab == NULL) {
-    slab = hak_slab_of(seg, p);
-    hak_check_block(seg, slab, p);
-  }
+  hak_slab_t *slab = hak_slab_of(seg, p);
+  hak_check_block(seg, slab, p);
   return slab->block_size - HAK_CANARY;
 }
 

@@ -183,11 +183,6 @@ HAK_INLINE bool hak_slab_has_block(const hak_slab_t *slab, const void *p) {
   return hak_slab_state(slab) != HAK_SLAB_FREE && hak_slab_is_block(slab, p);
 }
 
-/* The slab of p (in slab segment seg) if it is this thread's ACTIVE slab,
- * only then ours to read without atomics, and p one of its block starts;
- * else NULL. The test of free's fast path: the slow paths name the fault. */
-HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p);
-
 HAK_INLINE hak_segment_t *hak_segment_of_slab(hak_slab_t *slab) {
   return (hak_segment_t *)((uintptr_t)slab & ~HAK_SEG_MASK);
 }
@@ -503,16 +498,14 @@ HAK_INLINE void hak_block_resized(void *b, size_t block_size) {}
 HAK_INLINE void hak_block_check_free(void *b, size_t block_size) {}
 #endif
 
-/* slab (p's) if p is one of its blocks and the slab is ours, else NULL
- * (see hak_own_slab_of_block). */
+/* slab (p's) if it is this thread's ACTIVE slab, only then ours to read
+ * without atomics, and p one of its block starts; else NULL. The test of
+ * free's fast path: the slow paths name the fault. */
 HAK_INLINE hak_slab_t *hak_own_slab(hak_slab_t *slab, const void *p) {
   return atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token() &&
                  hak_slab_is_block_below(slab, p, slab->block_bound) /* ours: written here */
              ? slab
              : NULL;
-}
-HAK_INLINE hak_slab_t *hak_own_slab_of_block(hak_segment_t *seg, const void *p) {
-  return hak_own_slab(hak_slab_of(seg, p), p);
 }
 
 /* Pops a block of cls from the heap's list, or NULL. The next block's line
