@@ -569,7 +569,10 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
 
 /* ---- fast paths ---- */
 
-HAK_INLINE void *hak_malloc_inline(size_t size) {
+/* With refill false, NULL for an empty list or a large size: a caller
+ * with work of its own after a miss (operator new) then needs no frame on
+ * its hit path. */
+HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(size <= HAK_SLAB_MAX - HAK_CANARY)) {
     size_t cls = hak_slab_class[size + HAK_CANARY];
@@ -578,7 +581,7 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
-    return hak_heap_refill(size, heap, cls);
+    return refill ? hak_heap_refill(size, heap, cls) : NULL;
   }
   if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
     size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
@@ -587,10 +590,12 @@ HAK_INLINE void *hak_malloc_inline(size_t size) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
-    return hak_span_refill(size, heap, cls);
+    return refill ? hak_span_refill(size, heap, cls) : NULL;
   }
-  return hak_large_alloc(size, 0, false);
+  return refill ? hak_large_alloc(size, 0, false) : NULL;
 }
+
+HAK_INLINE void *hak_malloc_inline(size_t size) { return hak_malloc_pop_or(size, true); }
 
 /* The byte read again, so that the first read is a compare with memory
  * (a load apart would cost free's slab path an instruction). */

@@ -7,6 +7,14 @@
  * and free is fetched in as few lines and decode windows as can be
  * (random_mixed ws=400: 1.02x, 21 interleaved runs). */
 #define EXPORT HAK_EXPORT __attribute__((aligned(64)))
+/* Entry points of one signature share one body under several names: a copy
+ * would take lines of its own in the instruction cache, and the compiler's
+ * merging of copies leaves a jump. */
+#if __has_attribute(copy) /* the target's attributes from libc's headers (malloc, nothrow...) */
+#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target), copy(target)))
+#else
+#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target)))
+#endif
 
 EXPORT void *malloc(size_t size) { return hak_malloc_inline(size); }
 EXPORT void free(void *p) { hak_free_inline(p); }
@@ -43,8 +51,8 @@ EXPORT void *pvalloc(size_t size) {
 }
 
 /* glibc's internal names, for programs that call them directly. */
-EXPORT void *__libc_malloc(size_t size) { return hak_malloc_inline(size); }
-EXPORT void __libc_free(void *p) { hak_free_inline(p); }
+void *__libc_malloc(size_t size) SAME_AS(malloc);
+void __libc_free(void *p) SAME_AS(free);
 EXPORT void *__libc_calloc(size_t n, size_t size) { return hak_alloc_zero(n, size); }
 EXPORT void *__libc_realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
 EXPORT void *__libc_memalign(size_t align, size_t size) { return memalign(align, size); }
@@ -70,13 +78,15 @@ static HAK_NOINLINE void *new_failed(size_t size, size_t align, bool nothrow) {
   }
 }
 
-static inline __attribute__((always_inline)) void *op_new(size_t size) {
+/* Everything but a list's pop, out of line: the hit needs no frame. */
+static HAK_NOINLINE void *new_miss(size_t size, bool nothrow) {
   void *p = hak_malloc_inline(size);
-  return HAK_LIKELY(p != NULL) ? p : new_failed(size, 0, false);
+  return p ? p : new_failed(size, 0, nothrow);
 }
-static inline __attribute__((always_inline)) void *op_new_nothrow(size_t size) {
-  void *p = hak_malloc_inline(size);
-  return HAK_LIKELY(p != NULL) ? p : new_failed(size, 0, true);
+
+HAK_INLINE void *op_new(size_t size, bool nothrow) {
+  void *p = hak_malloc_pop_or(size, false);
+  return HAK_LIKELY(p != NULL) ? p : new_miss(size, nothrow);
 }
 static void *op_new_aligned(size_t size, size_t align, bool nothrow) {
   if (align == 0 || (align & (align - 1))) {
@@ -87,31 +97,30 @@ static void *op_new_aligned(size_t size, size_t align, bool nothrow) {
   return p ? p : new_failed(size, align, nothrow);
 }
 
-EXPORT void *_Znwm(size_t n) { return op_new(n); }
-EXPORT void *_Znam(size_t n) { return op_new(n); }
-EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { return op_new_nothrow(n); }
-EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { return op_new_nothrow(n); }
+EXPORT void *_Znwm(size_t n) { return op_new(n, false); }
+void *_Znam(size_t n) SAME_AS(_Znwm);
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { return op_new(n, true); }
+void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) SAME_AS(_ZnwmRKSt9nothrow_t);
 EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) { return op_new_aligned(n, al, false); }
-EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) { return op_new_aligned(n, al, false); }
+void *_ZnamSt11align_val_t(size_t n, size_t al) SAME_AS(_ZnwmSt11align_val_t);
 EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
   return op_new_aligned(n, al, true);
 }
-EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
-  return op_new_aligned(n, al, true);
-}
-EXPORT void _ZdlPv(void *p) { hak_free_inline(p); }
-EXPORT void _ZdaPv(void *p) { hak_free_inline(p); }
-EXPORT void _ZdlPvm(void *p, size_t n) { hak_free_inline(p); }
-EXPORT void _ZdaPvm(void *p, size_t n) { hak_free_inline(p); }
+void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt)
+    SAME_AS(_ZnwmSt11align_val_tRKSt9nothrow_t);
+/* Each delete is free under another name. */
 EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { hak_free_inline(p); }
-EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) { hak_free_inline(p); }
-EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) { hak_free_inline(p); }
-EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) { hak_free_inline(p); }
-EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) { hak_free_inline(p); }
-EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) { hak_free_inline(p); }
 EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
   hak_free_inline(p);
 }
-EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
-  hak_free_inline(p);
-}
+void _ZdlPv(void *p) SAME_AS(free);
+void _ZdaPv(void *p) SAME_AS(free);
+void _ZdlPvm(void *p, size_t n) SAME_AS(free_sized);
+void _ZdaPvm(void *p, size_t n) SAME_AS(free_sized);
+void _ZdlPvSt11align_val_t(void *p, size_t al) SAME_AS(free_sized);
+void _ZdaPvSt11align_val_t(void *p, size_t al) SAME_AS(free_sized);
+void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) SAME_AS(free_aligned_sized);
+void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) SAME_AS(free_aligned_sized);
+void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) SAME_AS(_ZdlPvRKSt9nothrow_t);
+void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt)
+    SAME_AS(_ZdlPvSt11align_val_tRKSt9nothrow_t);
