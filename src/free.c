@@ -153,11 +153,9 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
 /* The common case first, in few registers: a block of another live
  * thread's slab. */
 HAK_NOINLINE void hak_free_generic(void *p) {
+  if (p == NULL) return; /* first, before the registers are saved */
   hak_segment_t *seg = hak_segment_of(p);
-  if (HAK_UNLIKELY(seg == NULL)) {
-    if (p == NULL) return;
-    hak_invalid_free(p);
-  }
+  if (HAK_UNLIKELY(seg == NULL)) hak_invalid_free(p);
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
