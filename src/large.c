@@ -83,24 +83,22 @@ static bool in_arena(const void *p) {
          (const uint8_t *)p < arena + ARENA_BYTES;
 }
 
-/* Every unit maps to slabs[0] by address: set again when the header moves
- * (header_moved), or free would read the descriptor at the old address. */
+/* A mapping of its own is a segment the segment map calls slabs, so
+ * free's fast path reads the unit of the pointer: every unit maps to
+ * slabs[0], whose owner is nobody, and the free goes the slow way. Set
+ * again when the header moves, or free would read the descriptor at the
+ * old address. The arena's blocks are LARGE to the segment map, whose
+ * paths never read a unit (a 4 MiB mask of such a pointer may not even
+ * reach its header): 64 stores a malloc they do without. */
 static void header_units(hak_segment_t *s) {
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
     s->unit[u] = (hak_unit_t){&s->slabs[0], &s->slabs[0].local_free};
-}
-
-/* The header now at s (moved by mremap) maps map_size bytes. */
-static void header_moved(hak_segment_t *s, size_t map_size) {
-  s->map_size = map_size;
-  header_units(s);
 }
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
  * the struct would overlap the block (or the guard page). */
 static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool fresh) {
   s->kind = HAK_KIND_LARGE;
-  header_units(s);
   s->map_size = map_size;
   s->large_offset = offset;
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
@@ -204,12 +202,15 @@ static size_t arena_find(size_t map_size, size_t *fresh) {
         best_cover = cover;
         best_waste = waste;
         best_len = len;
+        /* nothing later can beat it: the churn of blocks of one size */
+        if (cover == map_size && waste == 0 && len == n) goto found;
       }
       if (n > 1) full -= dirt[s];
     }
     if (j == high) break;
     i = j;
   }
+found:
   if (fresh) *fresh = map_size - best_cover;
   return best;
 }
@@ -377,7 +378,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   block_fill(j, new_map, j + n);
   head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);
-  header_moved(dst, new_map);
+  dst->map_size = new_map;
   r = dst;
 out:
   pthread_mutex_unlock(&hak_large_lock);
@@ -407,6 +408,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     return NULL;
   }
   header_init((hak_segment_t *)seg, map_size, offset, true);
+  header_units((hak_segment_t *)seg);
   hak_segmap_set((hak_segment_t *)seg, HAK_SEGMAP_SLABS);
   return (hak_segment_t *)seg;
 }
@@ -525,7 +527,8 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   hak_stats_mapped(new_map, false);
   hak_os_unmap(raw, (size_t)(dst - raw));
   hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
-  header_moved(moved, new_map);
+  moved->map_size = new_map;
+  header_units(moved);
   hak_segmap_set(moved, HAK_SEGMAP_SLABS);
   return moved;
 }

@@ -139,7 +139,7 @@ TEST(large_blocks_have_their_own_segment) {
     CHECK(seg->kind == HAK_KIND_LARGE);
     CHECK(p == (uint8_t *)seg + HAK_LARGE_OFFSET);
     CHECK(seg->large_size >= sizes[i]);
-    CHECK(hak_slab_of(seg, p) == &seg->slabs[0]);
+    CHECK(hak_segmap_of(p) == HAK_SEGMAP_LARGE); /* the arena's: no unit is read */
     free(p);
   }
 }
@@ -153,6 +153,10 @@ TEST(huge_alignment_header_sits_in_chunk_before) {
   REQUIRE(seg != NULL);
   CHECK((uint8_t *)seg == (uint8_t *)p - HAK_SEG_SIZE);
   CHECK(seg->kind == HAK_KIND_LARGE);
+  /* a mapping of its own is slabs to the segment map: free's fast path
+   * reads p's unit, which must lead to slabs[0], whose owner is nobody */
+  CHECK(hak_segmap_of(p) == HAK_SEGMAP_SLABS);
+  CHECK(hak_slab_of(seg, p) == &seg->slabs[0]);
   free(p);
 }
 
