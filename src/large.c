@@ -83,16 +83,18 @@ static bool in_arena(const void *p) {
          (const uint8_t *)p < arena + ARENA_BYTES;
 }
 
-/* A mapping of its own is a segment the segment map calls slabs, so
+/* A mapping of its own at s is a segment the segment map calls slabs, so
  * free's fast path reads the unit of the pointer: every unit maps to
  * slabs[0], whose owner is nobody, and the free goes the slow way. Set
- * again when the header moves, or free would read the descriptor at the
- * old address. The arena's blocks are LARGE to the segment map, whose
- * paths never read a unit (a 4 MiB mask of such a pointer may not even
- * reach its header): 64 stores a malloc they do without. */
-static void header_units(hak_segment_t *s) {
+ * before the map's byte, and again when the mapping moves, or free would
+ * read the descriptor at the old address. The arena's blocks are LARGE to
+ * the segment map, whose paths never read a unit (a 4 MiB mask of such a
+ * pointer may not even reach its header): 64 stores a malloc they do
+ * without. */
+static void own_mapping_publish(hak_segment_t *s) {
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
     s->unit[u] = (hak_unit_t){&s->slabs[0], &s->slabs[0].local_free};
+  hak_segmap_set(s, HAK_SEGMAP_SLABS);
 }
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
@@ -408,8 +410,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     return NULL;
   }
   header_init((hak_segment_t *)seg, map_size, offset, true);
-  header_units((hak_segment_t *)seg);
-  hak_segmap_set((hak_segment_t *)seg, HAK_SEGMAP_SLABS);
+  own_mapping_publish((hak_segment_t *)seg);
   return (hak_segment_t *)seg;
 }
 
@@ -528,8 +529,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   hak_os_unmap(raw, (size_t)(dst - raw));
   hak_os_unmap(dst + new_map, (size_t)(raw + new_map + HAK_SEG_SIZE - (dst + new_map)));
   moved->map_size = new_map;
-  header_units(moved);
-  hak_segmap_set(moved, HAK_SEGMAP_SLABS);
+  own_mapping_publish(moved);
   return moved;
 }
 

@@ -108,7 +108,7 @@ EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void 
 }
 void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt)
     SAME_AS(_ZnwmSt11align_val_tRKSt9nothrow_t);
-/* Each delete is free under another name. */
+/* Each delete is free, under the name of free's body of its signature. */
 EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { hak_free_inline(p); }
 EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
   hak_free_inline(p);
