@@ -18,8 +18,10 @@
  * the allocator kept.
  *
  * With a trailing `--watch MS`, after the final free it stays idle (no
- * allocation) for MS milliseconds and prints a second line with VmRSS every
- * 100 ms: how soon the allocator gives the memory back on its own.
+ * allocation) for MS milliseconds and prints a second line with VmRSS and
+ * RssAnon (`ms:rss/anon`) every 100 ms: how soon the allocator gives the
+ * memory back on its own. The anonymous part is the allocator's: file pages
+ * come and go as the kernel reads and reclaims them.
  */
 #include "bench_common.h"
 
@@ -141,19 +143,22 @@ int main(int argc, char **argv) {
   }
   size_t total = (size_t)(mib * 1048576.0);
   warm_up_libc();
-  long base = bench_status_kib("VmRSS");
+  long base = bench_status_kib("VmRSS"), base_anon = bench_status_kib("RssAnon");
   double t0 = bench_now();
   long ops = bench_work(total, seed);
   double t = bench_now() - t0;
   long final = bench_status_kib("VmRSS");
-  printf("frag total_mib=%.0f seed=%u build=%s start_rss_kib=%ld phase1_rss_kib=%ld holes_rss_kib=%ld "
-         "phase3_rss_kib=%ld peak_rss_kib=%ld final_rss_kib=%ld ops=%ld ops/s=%.0f time_s=%.3f\n",
-         mib, seed, BENCH_ALLOC_KIND, base, rss_after_phase1, rss_after_holes, rss_after_phase3,
-         bench_status_kib("VmHWM"), final, ops, ops / t, t);
+  printf("frag total_mib=%.0f seed=%u build=%s start_rss_kib=%ld start_anon_kib=%ld phase1_rss_kib=%ld "
+         "holes_rss_kib=%ld phase3_rss_kib=%ld peak_rss_kib=%ld final_rss_kib=%ld ops=%ld ops/s=%.0f "
+         "time_s=%.3f\n",
+         mib, seed, BENCH_ALLOC_KIND, base, base_anon, rss_after_phase1, rss_after_holes,
+         rss_after_phase3, bench_status_kib("VmHWM"), final, ops, ops / t, t);
   if (watch_ms > 0) {
+    /* RSS, and of it the anonymous memory (an allocator's; the rest is
+     * file pages, which the kernel brings in and drops on its own) */
     printf("frag rss_after_free_kib");
     for (long ms = 0; ms <= watch_ms; ms += 100) {
-      printf(" %ld:%ld", ms, bench_status_kib("VmRSS"));
+      printf(" %ld:%ld/%ld", ms, bench_status_kib("VmRSS"), bench_status_kib("RssAnon"));
       fflush(stdout);
       struct timespec ts = {0, 100 * 1000000L};
       nanosleep(&ts, NULL);
