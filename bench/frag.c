@@ -154,8 +154,6 @@ int main(int argc, char **argv) {
          mib, seed, BENCH_ALLOC_KIND, base, base_anon, rss_after_phase1, rss_after_holes,
          rss_after_phase3, bench_status_kib("VmHWM"), final, ops, ops / t, t);
   if (watch_ms > 0) {
-    /* RSS, and of it the anonymous memory (an allocator's; the rest is
-     * file pages, which the kernel brings in and drops on its own) */
     printf("frag rss_after_free_kib");
     for (long ms = 0; ms <= watch_ms; ms += 100) {
       printf(" %ld:%ld/%ld", ms, bench_status_kib("VmRSS"), bench_status_kib("RssAnon"));
