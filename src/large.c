@@ -44,6 +44,14 @@ static uint32_t dirt[ARENA_CHUNKS];
  * an invalid one. A byte, not a bit: free reads it without the lock, and
  * no other chunk's update may rewrite it. */
 static uint8_t head_mark[ARENA_CHUNKS];
+/* The dirty chunks by their dirt in pages, a list a bin with the chunk
+ * freed last first, and a bit a non-empty bin: a block of one chunk, or a
+ * block's chunk that takes another's pages, finds the chunk that covers it
+ * best without reading every free one. Links are chunk index + 1 (0 ends
+ * a list). */
+#define DIRT_BINS (GRAIN / HAK_PAGE_SIZE + 1)
+static uint32_t bin_head[DIRT_BINS], bin_next[ARENA_CHUNKS], bin_prev[ARENA_CHUNKS];
+static uint64_t bin_bits[(DIRT_BINS + 63) / 64];
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
 static size_t dirty_bytes;
@@ -64,6 +72,40 @@ static size_t bit_next(const uint64_t *bits, size_t i, bool on) {
     i = (i | 63) + 1;
   }
   return high;
+}
+
+static void bin_add(size_t k) {
+  size_t b = dirt[k] >> HAK_PAGE_SHIFT;
+  uint32_t h = bin_head[b];
+  bin_next[k] = h;
+  bin_prev[k] = 0;
+  if (h) bin_prev[h - 1] = (uint32_t)k + 1;
+  bin_head[b] = (uint32_t)k + 1;
+  bin_bits[b >> 6] |= (uint64_t)1 << (b & 63);
+}
+/* Before chunk k's dirt changes. */
+static void bin_remove(size_t k) {
+  size_t b = dirt[k] >> HAK_PAGE_SHIFT;
+  uint32_t next = bin_next[k], prev = bin_prev[k];
+  if (prev) bin_next[prev - 1] = next;
+  else bin_head[b] = next;
+  if (next) bin_prev[next - 1] = prev;
+  if (!bin_head[b]) bin_bits[b >> 6] &= ~((uint64_t)1 << (b & 63));
+}
+/* The dirty chunk that covers the most of `need` bytes (at most a chunk)
+ * from its start, the least committed among those that cover them all;
+ * SIZE_MAX if none has a page committed. */
+static size_t dirty_best(size_t need) {
+  size_t want = need >> HAK_PAGE_SHIFT, w = want >> 6;
+  uint64_t m = bin_bits[w] & ~(((uint64_t)1 << (want & 63)) - 1);
+  while (!m && ++w < sizeof bin_bits / sizeof *bin_bits) m = bin_bits[w];
+  if (m) return bin_head[w * 64 + (size_t)__builtin_ctzll(m)] - 1;
+  /* else the most committed below want; bin 0 has no page */
+  for (w = want >> 6, m = bin_bits[w] & (((uint64_t)1 << (want & 63)) - 1);; m = bin_bits[--w]) {
+    if (w == 0) m &= ~(uint64_t)1;
+    if (m) return bin_head[w * 64 + 63 - (size_t)__builtin_clzll(m)] - 1;
+    if (w == 0) return SIZE_MAX;
+  }
 }
 
 static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
@@ -135,6 +177,7 @@ static void dirt_fold(size_t k, size_t used) {
 
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
+  bin_remove(k);
   bit_set(dirty_bits, k, false);
   head_mark[k] = 0;
   dirty_add(dirt[k], false);
@@ -146,6 +189,7 @@ static void chunk_forget(size_t k) {
 static void chunks_claim(size_t i, size_t n, bool first) {
   for (size_t k = i; k < i + n; k++) {
     if (bit_get(dirty_bits, k)) {
+      bin_remove(k);
       bit_set(dirty_bits, k, false);
       dirty_add(dirt[k], false);
     } else {
@@ -174,18 +218,24 @@ static void chunks_release(size_t i, size_t n, size_t used) {
     live_chunks--;
     freed_ms[k] = now;
     dirty_add(dirt[k], true);
+    bin_add(k);
   }
 }
 
 /* Where a block of map_size bytes reuses the most committed bytes: it
  * pays a page fault for every byte it does not. On a tie, the start that
- * leaves the fewest committed bytes unused under the block, then the
- * shortest run of free chunks, then the lowest. The run reaching `high`
- * extends into unused chunks. SIZE_MAX if there is no room; else *fresh
- * (if not NULL) gets the bytes the block would fault in there. */
+ * leaves the fewest committed bytes unused under the block, then (for a
+ * block of one chunk that reuses any, the chunk freed last) the shortest
+ * run of free chunks, then the lowest. The run reaching `high` extends
+ * into unused chunks. SIZE_MAX if there is no room; else *fresh (if not
+ * NULL) gets the bytes the block would fault in there. */
 static size_t arena_find(size_t map_size, size_t *fresh) {
   size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
   size_t best = SIZE_MAX, best_cover = 0, best_waste = 0, best_len = 0;
+  if (n == 1 && (best = dirty_best(map_size)) != SIZE_MAX) {
+    best_cover = dirt[best] < map_size ? dirt[best] : map_size;
+    goto found;
+  }
   for (size_t i = bit_next(used_bits, 0, false);; i = bit_next(used_bits, i, false)) {
     size_t j = bit_next(used_bits, i, true);
     size_t len = j < high ? j - i : SIZE_MAX, end = j < high ? j : high + n;
@@ -263,15 +313,8 @@ static void arena_trim_locked(void) {
  * pages of the free chunk that covers the most of them (the least
  * committed one among those that cover them all). */
 static void chunk_fill(size_t k, size_t need) {
-  size_t have = dirt[k] < need ? dirt[k] : need, donor = SIZE_MAX, got = have + DONATE_MIN - 1;
-  for (size_t d = bit_next(dirty_bits, 0, true); d < high; d = bit_next(dirty_bits, d + 1, true)) {
-    size_t c = dirt[d] < need ? dirt[d] : need;
-    if (c > got || (c == got && donor != SIZE_MAX && dirt[d] < dirt[donor])) {
-      donor = d;
-      got = c;
-    }
-  }
-  if (donor == SIZE_MAX) return;
+  size_t have = dirt[k] < need ? dirt[k] : need, donor = dirty_best(need);
+  if (donor == SIZE_MAX || (dirt[donor] < need ? dirt[donor] : need) < have + DONATE_MIN) return;
   /* the whole chunk, so each chunk stays one mapping (else a later move
    * of it would fail) and the donor is left all zero */
   if (!hak_os_move(chunk_addr(donor), GRAIN, chunk_addr(k))) return;

@@ -316,6 +316,26 @@ TEST(a_freed_large_block_past_many_live_ones_is_reused) {
   for (int i = 0; i < N; i++) free(b[i]);
 }
 
+/* A block of one chunk goes where the most of it is committed already and,
+ * among the chunks that cover it all, where the least is left over. */
+TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { N = 5 };
+  const size_t kib = 1024, sizes[N] = {520 * kib, 560 * kib, 600 * kib, 280 * kib, 300 * kib};
+  uint8_t *b[N], *c[N + 1];
+  for (int i = 0; i < N; i++) REQUIRE((b[i] = malloc(sizes[i])) != NULL);
+  for (int i = 0; i < N; i++) free(b[i]);
+  CHECK((c[0] = malloc(530 * kib)) == b[1]); /* 600 covers it too, with more left over */
+  CHECK((c[1] = malloc(500 * kib)) == b[0]);
+  /* none covers the rest: the most committed first */
+  CHECK((c[2] = malloc(900 * kib)) == b[2]);
+  CHECK((c[3] = malloc(900 * kib)) == b[4]);
+  CHECK((c[4] = malloc(900 * kib)) == b[3]);
+  c[5] = malloc(900 * kib);
+  for (int i = 0; i < N; i++) CHECK(c[5] != b[i]);
+  for (int i = 0; i <= N; i++) free(c[i]);
+}
+
 TEST(adjacent_free_large_blocks_merge) {
   hak_opt.purge_delay_ms = 100000;
   size_t sz = 2 * HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
