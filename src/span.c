@@ -79,8 +79,15 @@ static size_t pool_total;
 #define CACHE_THREAD_BYTES ((size_t)24 << 20)
 #define CACHE_ALL_BYTES ((size_t)64 << 20)
 static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
-/* Span refills between two trims of the caches (trim_unused). */
-#define TRIM_REFILLS 16
+/* Span refills between two trims of the caches (trim_unused): at least
+ * TRIM_MIN, and twice as many as the last time when the last trim took
+ * from caches that then ran dry, up to TRIM_MAX. A thread whose use of
+ * many classes swings (random sizes of 16 B to 256 KiB) refills the
+ * classes a trim took from; with a fixed period of 16 the refills came
+ * faster, so did the trims, and every class ended up refilling from the
+ * page heap a block at a time (465k refills in 2M steps, against 63k). */
+#define TRIM_MIN 16
+#define TRIM_MAX 256
 /* Bytes given back by overflows in a row, with no refill between and
  * nothing taken from the cache between two of them (each finds below its
  * batch what the one before left), after which a thread is taken to be
@@ -416,10 +423,11 @@ static void give_list(hak_block_t *list) {
  * pipeline's consumer gave each block back to the page heap's runs and its
  * producer carved them again, a few blocks at a time, both under the page
  * heap's lock, which they fought over (xmalloc 1p1c of 8-32 KiB blocks:
- * 30% of the time in pthread_mutex_lock). A cache that may grow no more
- * overflows into it too: a thread whose use of a class swings by more than
- * that gets its blocks back a batch at a time, without the page heap's
- * splits and merges. At most TRANSFER_BYTES wait
+ * 30% of the time in pthread_mutex_lock). A full cache that may grow no
+ * more gives its overflow to the page heap, not here: it would wait beyond
+ * the thread's bound, for that thread's next refill of the class only
+ * (batch: 46 MiB against 35, once the trims came less often). At most
+ * TRANSFER_BYTES wait
  * per class; a purge gives back the batches of a class that did not move
  * since the one before, and the unfinished batches of a heap that freed
  * nothing since, so a thread that frees and goes idle keeps nothing. */
@@ -577,6 +585,7 @@ size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
 /* ---- thread caches ---- */
 
 void hak_span_heap_init(hak_heap_t *heap) {
+  heap->span_trim_period = TRIM_MIN;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
     heap->span_max[c] = heap->span_room[c] = heap->span_room_hi[c] =
         (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
@@ -673,6 +682,7 @@ void hak_span_heap_done(hak_heap_t *heap) {
   heap->span_overflowed = 0;
   heap->span_given_in_row = 0;
   heap->span_refills = 0;
+  heap->span_trimmed = heap->span_refilled = 0;
   heap->draining = 0;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
     heap->span_room[c] = heap->span_room_hi[c] = heap->span_max[c];
@@ -711,9 +721,8 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     hak_span_room_take(heap, c, heap->span_room[c]);
     return;
   }
-  /* Full: the batch freed last, this block first, goes back; to the
-   * transfer, for the next refill of any thread, if the cache may grow no
-   * more (the thread's use of the class swings by more than it may hold). */
+  /* Full: the batch freed last, this block first, goes back to the page
+   * heap, where blocks of any class can take its pages. */
   if (n > batch_of(cls)) n = batch_of(cls);
   hak_block_t *last = b;
   for (unsigned i = 1; i < n; i++) last = hak_next(last);
@@ -725,10 +734,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_set_next(last, NULL);
   heap->span_room[c] = (uint16_t)(n - 1);
   heap->span_overflowed |= UINT64_C(1) << c;
-  if (n == batch_of(cls) && cache_more(heap, cls) == 0)
-    transfer_push(c, b);
-  else
-    give_list(b);
+  give_list(b);
   heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
   if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
   hak_purge_start();
@@ -743,6 +749,16 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
  * (a loop over a batch of buffers of many sizes). */
 static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
+  int trimmed = __builtin_popcountll(heap->span_trimmed);
+  if (trimmed > 0) {
+    uint32_t period = heap->span_trim_period;
+    if (4 * __builtin_popcountll(heap->span_trimmed & heap->span_refilled) >= 3 * trimmed)
+      period = period * 2 < TRIM_MAX ? period * 2 : TRIM_MAX;
+    else
+      period = period / 2 > TRIM_MIN ? period / 2 : TRIM_MIN;
+    heap->span_trim_period = period;
+  }
+  heap->span_trimmed = heap->span_refilled = 0;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
     /* the caches given back, a batch overflowed */
@@ -750,6 +766,7 @@ static void trim_unused(hak_heap_t *heap) {
     unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
+      heap->span_trimmed |= UINT64_C(1) << c;
       hak_block_t *first = heap->free[cls], *last = first;
       for (unsigned i = 1; i < n; i++) last = hak_next(last);
       heap->free[cls] = hak_next(last);
@@ -820,7 +837,11 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   if (heap->draining) drain_end(heap);
   size_t c = cls - HAK_SLAB_CLASSES;
   heap->span_room_hi[c] = heap->span_max[c]; /* it ran dry */
-  if (++heap->span_refills % TRIM_REFILLS == 0) trim_unused(heap);
+  heap->span_refilled |= UINT64_C(1) << c;
+  if (++heap->span_refills >= heap->span_trim_period) {
+    heap->span_refills = 0;
+    trim_unused(heap);
+  }
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
   if (batch != NULL) {

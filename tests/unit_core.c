@@ -1507,31 +1507,25 @@ static unsigned grow_span_cache(size_t cls, void **ps, int n) {
   return max;
 }
 
-/* A cache that may grow no more overflows into the transfer, where the
- * next refill of the class takes the batch freed last; the page heap gets
- * what the transfer cannot hold (4 MiB a class: 25 blocks of 160 KiB). */
-TEST(a_cache_that_may_grow_no_more_overflows_into_the_transfer) {
-  /* one block to a batch; the cache holds 25 (4 MiB), and 26 overflows in
-   * a row are not 4 MiB given back yet: not a thread that drains */
-  enum { N = 51 };
+/* A cache that may grow no more gives its overflow to the page heap, where
+ * blocks of any class may take its pages: in the transfer it waited past
+ * the thread's bound, for this class alone. */
+TEST(a_cache_that_may_grow_no_more_overflows_to_the_page_heap) {
+  /* the cache holds 25 blocks (4 MiB); 15 overflows in a row are not
+   * 4 MiB given back: not a thread that drains */
+  enum { N = 40 };
   size_t size = 160000, cls = hak_size_class(size);
-  unsigned waiting = (unsigned)(((size_t)4 << 20) / hak_class_size[cls]);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
   unsigned max = grow_span_cache(cls, ps, N);
-  REQUIRE(max + waiting < N);
+  REQUIRE(max < N);
   for (int i = 0; i < N; i++) free(ps[i]);
   REQUIRE(!hak_tls_heap->draining);
   CHECK(cache_len(cls) == max);
-  for (unsigned i = max; i < N; i++) {
-    bool used = (page_word(ps[i]) & HAK_PAGE_TAG) == HAK_PAGE_USED;
-    CHECK_MSG(used == (i < max + waiting), "block %u of %d: %s", i, N,
-              used ? "not given back" : "given back");
-  }
-  for (unsigned i = 0; i < max; i++) REQUIRE(malloc(size) == ps[max - 1 - i]);
-  void *p = malloc(size);
-  CHECK_MSG(p == ps[max + waiting - 1], "%p: not the last block in the transfer", p);
+  for (unsigned i = max; i < N; i++)
+    CHECK_MSG((page_word(ps[i]) & HAK_PAGE_TAG) != HAK_PAGE_USED, "block %u of %d not given back",
+              i, N);
 }
 
 /* A thread whose use of a class swings by more than its cache holds
@@ -1556,12 +1550,12 @@ TEST(a_thread_whose_use_swings_does_not_drain) {
   CHECK_MSG(cache_len(cls) == max, "%zu blocks cached, bound %u", cache_len(cls), max);
 }
 
-/* The next span refill trims the caches (every 16th does). */
+/* The next span refill trims the caches (the last of a trim period). */
 static void trim_span_caches(size_t size) {
-  hak_tls_heap->span_refills = 15;
+  hak_tls_heap->span_refills = hak_tls_heap->span_trim_period - 1;
   REQUIRE(hak_tls_heap->free[hak_size_class(size)] == NULL);
   free(malloc(size));
-  REQUIRE(hak_tls_heap->span_refills == 16);
+  REQUIRE(hak_tls_heap->span_refills == 0);
 }
 
 /* A trim gives back three quarters of the blocks a cache held and did not
@@ -1591,6 +1585,33 @@ TEST(a_trim_gives_back_what_a_cache_did_not_use) {
   CHECK(cache_counted(idle) == cache_len(idle));
   CHECK(hak_tls_heap->span_max[c] == IDLE); /* not below its first bound */
   flush_span_caches();
+}
+
+/* Trims come half as often after one whose classes (3 in 4 of them) ran
+ * dry before the next, down to one every 256 refills, and twice as often
+ * after one whose classes did not, up to one every 16. */
+TEST(trims_come_less_often_when_what_they_took_was_needed) {
+  const uint64_t took = UINT64_C(0xF) << 1; /* span classes 1-4; 160000 B is another */
+  static const uint32_t longer[] = {32, 64, 128, 256, 256}, shorter[] = {128, 64, 32, 16, 16};
+  free(malloc(12000));
+  hak_heap_t *h = hak_tls_heap;
+  REQUIRE(h->span_trim_period == 16);
+  for (int i = 0; i < 5; i++) {
+    flush_span_caches();
+    h->span_trimmed = took;
+    h->span_refilled = UINT64_C(0x7) << 1;
+    trim_span_caches(160000);
+    CHECK_MSG(h->span_trim_period == longer[i], "%u refills, not %u", h->span_trim_period,
+              longer[i]);
+  }
+  for (int i = 0; i < 5; i++) {
+    flush_span_caches();
+    h->span_trimmed = took;
+    h->span_refilled = UINT64_C(0x3) << 1;
+    trim_span_caches(160000);
+    CHECK_MSG(h->span_trim_period == shorter[i], "%u refills, not %u", h->span_trim_period,
+              shorter[i]);
+  }
 }
 
 TEST(current_slab_stays_through_ping_pong) {
