@@ -74,7 +74,7 @@ static size_t bit_next(const uint64_t *bits, size_t i, bool on) {
   return high;
 }
 
-static void bin_add(size_t k) {
+static void chunk_bin_add(size_t k) {
   size_t b = dirt[k] >> HAK_PAGE_SHIFT;
   uint32_t h = bin_head[b];
   bin_next[k] = h;
@@ -83,8 +83,8 @@ static void bin_add(size_t k) {
   bin_head[b] = (uint32_t)k + 1;
   bin_bits[b >> 6] |= (uint64_t)1 << (b & 63);
 }
-/* Before chunk k's dirt changes. */
-static void bin_remove(size_t k) {
+/* Called before chunk k's dirt changes. */
+static void chunk_bin_remove(size_t k) {
   size_t b = dirt[k] >> HAK_PAGE_SHIFT;
   uint32_t next = bin_next[k], prev = bin_prev[k];
   if (prev) bin_next[prev - 1] = next;
@@ -177,7 +177,7 @@ static void dirt_fold(size_t k, size_t used) {
 
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
-  bin_remove(k);
+  chunk_bin_remove(k);
   bit_set(dirty_bits, k, false);
   head_mark[k] = 0;
   dirty_add(dirt[k], false);
@@ -189,7 +189,7 @@ static void chunk_forget(size_t k) {
 static void chunks_claim(size_t i, size_t n, bool first) {
   for (size_t k = i; k < i + n; k++) {
     if (bit_get(dirty_bits, k)) {
-      bin_remove(k);
+      chunk_bin_remove(k);
       bit_set(dirty_bits, k, false);
       dirty_add(dirt[k], false);
     } else {
@@ -218,7 +218,7 @@ static void chunks_release(size_t i, size_t n, size_t used) {
     live_chunks--;
     freed_ms[k] = now;
     dirty_add(dirt[k], true);
-    bin_add(k);
+    chunk_bin_add(k);
   }
 }
 

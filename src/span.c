@@ -427,10 +427,10 @@ static void give_list(hak_block_t *list) {
  * more gives its overflow to the page heap, not here: it would wait beyond
  * the thread's bound, for that thread's next refill of the class only
  * (batch: 46 MiB against 35, once the trims came less often). At most
- * TRANSFER_BYTES wait
- * per class; a purge gives back the batches of a class that did not move
- * since the one before, and the unfinished batches of a heap that freed
- * nothing since, so a thread that frees and goes idle keeps nothing. */
+ * TRANSFER_BYTES wait per class; a purge gives back the batches of a class
+ * that did not move since the one before, and the unfinished batches of a
+ * heap that freed nothing since, so a thread that frees and goes idle
+ * keeps nothing. */
 #define TRANSFER_BYTES ((size_t)4 << 20)
 /* A lock and a line per class: a pipeline moves batches of several
  * classes at once, and one lock for all had its threads wait on each other
@@ -740,15 +740,10 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_purge_start();
 }
 
-/* Each cache gives back three quarters of the blocks it held and did not
- * use since the last trim (the fewest it held: jemalloc's low-water mark),
- * the blocks on top, and its bound goes down as much (not below a batch):
- * a program whose sizes drift (strings and arrays that grow) would
- * otherwise keep a cache in every class it went through, while a cache
- * that ran dry since keeps all it holds, even if it moved only a few times
- * (a loop over a batch of buffers of many sizes). */
-static void trim_unused(hak_heap_t *heap) {
-  hak_block_t *give = NULL;
+/* The next trim comes twice as many refills later if 3 in 4 of the classes
+ * the last one took from have refilled since, else half as many (see
+ * TRIM_MIN). */
+static void trim_period_update(hak_heap_t *heap) {
   int trimmed = __builtin_popcountll(heap->span_trimmed);
   if (trimmed > 0) {
     uint32_t period = heap->span_trim_period;
@@ -759,6 +754,18 @@ static void trim_unused(hak_heap_t *heap) {
     heap->span_trim_period = period;
   }
   heap->span_trimmed = heap->span_refilled = 0;
+}
+
+/* Each cache gives back three quarters of the blocks it held and did not
+ * use since the last trim (the fewest it held: jemalloc's low-water mark),
+ * the blocks on top, and its bound goes down as much (not below a batch):
+ * a program whose sizes drift (strings and arrays that grow) would
+ * otherwise keep a cache in every class it went through, while a cache
+ * that ran dry since keeps all it holds, even if it moved only a few times
+ * (a loop over a batch of buffers of many sizes). */
+static void trim_unused(hak_heap_t *heap) {
+  hak_block_t *give = NULL;
+  trim_period_update(heap);
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
     /* the caches given back, a batch overflowed */

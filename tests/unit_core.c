@@ -1587,9 +1587,9 @@ TEST(a_trim_gives_back_what_a_cache_did_not_use) {
   flush_span_caches();
 }
 
-/* Trims come half as often after one whose classes (3 in 4 of them) ran
- * dry before the next, down to one every 256 refills, and twice as often
- * after one whose classes did not, up to one every 16. */
+/* Trims come half as often (up to 256 refills apart) after one whose
+ * classes, 3 in 4 of them, ran dry before the next, and twice as often
+ * (down to 16 apart) after one whose classes did not. */
 TEST(trims_come_less_often_when_what_they_took_was_needed) {
   const uint64_t took = UINT64_C(0xF) << 1; /* span classes 1-4; 160000 B is another */
   static const uint32_t longer[] = {32, 64, 128, 256, 256}, shorter[] = {128, 64, 32, 16, 16};
