@@ -69,6 +69,9 @@ void hak_os_decommit(void *p, size_t size);
 /* Moves size bytes of pages to target (replacing what is there) and maps
  * the old range again, empty; false (nothing done) on failure. */
 bool hak_os_move(void *old, size_t size, void *target);
+/* The pages of a and b trade places, through scratch (reserved, unused);
+ * false (nothing moved) if the first move fails. */
+bool hak_os_swap(void *a, void *b, void *scratch, size_t size);
 /* mremap: in place when target is NULL, else moved to target (replacing
  * what is mapped there); NULL on failure. */
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);

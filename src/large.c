@@ -315,8 +315,24 @@ static void arena_trim_locked(void) {
 static void chunk_fill(size_t k, size_t need) {
   size_t have = dirt[k] < need ? dirt[k] : need, donor = dirty_best(need);
   if (donor == SIZE_MAX || (dirt[donor] < need ? dirt[donor] : need) < have + DONATE_MIN) return;
-  /* the whole chunk, so each chunk stays one mapping (else a later move
-   * of it would fail) and the donor is left all zero */
+  /* Whole chunks, so each chunk stays one mapping (else a later move of it
+   * would fail). Chunk k's own pages, if it has some, trade places with
+   * the donor's (through the unused chunk at `high`): moved over, they
+   * were dropped, and faulted in again elsewhere (blocks of 1-4 MiB over
+   * 64 slots: 71 of 230 MiB faulted in). */
+  size_t mine = dirt[k];
+  if (mine >= DONATE_MIN && high < ARENA_CHUNKS &&
+      hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN)) {
+    dirt[k] = dirt[donor];
+    chunk_bin_remove(donor);
+    dirty_add(dirt[donor], false);
+    dirt[donor] = (uint32_t)mine;
+    dirty_add(mine, true);
+    chunk_bin_add(donor);
+    head_mark[donor] = 0;
+    return;
+  }
+  /* else the donor is left all zero */
   if (!hak_os_move(chunk_addr(donor), GRAIN, chunk_addr(k))) return;
   dirt[k] = dirt[donor];
   chunk_forget(donor);

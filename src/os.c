@@ -128,12 +128,33 @@ bool hak_os_last_thread(void) {
   return state != NULL && *state == 'Z';
 }
 
+static bool move_fixed(void *old, size_t size, void *target) {
+  return mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
+}
+
+/* A range a move left behind is mapped again, empty. */
+static void map_again(void *p, size_t size) {
+  if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+           -1, 0) == MAP_FAILED)
+    hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
+}
+
 bool hak_os_move(void *old, size_t size, void *target) {
-  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) return false;
-  /* the range left behind is mapped again, empty */
-  if (mmap(old, size, PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-    hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", old, size, errno);
+  if (!move_fixed(old, size, target)) return false;
+  map_again(old, size);
+  return true;
+}
+
+bool hak_os_swap(void *a, void *b, void *scratch, size_t size) {
+  if (!move_fixed(a, size, scratch)) return false;
+  if (!move_fixed(b, size, a)) {
+    if (!move_fixed(scratch, size, a))
+      hak_fatal("hakmem: mremap back to %p failed: errno %d", a, errno);
+    map_again(scratch, size);
+    return false;
+  }
+  if (!move_fixed(scratch, size, b)) map_again(b, size); /* a's pages are dropped */
+  map_again(scratch, size);
   return true;
 }
 

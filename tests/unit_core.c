@@ -393,6 +393,33 @@ TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
+/* A block's chunk that takes a free chunk's pages gives its own to the
+ * donor's place, where they stay committed, a free chunk's (a move over
+ * them dropped them). */
+TEST(a_chunk_that_takes_a_donors_pages_gives_its_own_in_exchange) {
+  hak_opt.purge_delay_ms = 100000;
+  const size_t mib = (size_t)1 << 20, two = HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
+  uint8_t *g0 = malloc(mib), *b = malloc(two), *g1 = malloc(mib);
+  uint8_t *d = malloc(HAK_LARGE_GRAIN - 64 * 1024), *g2 = malloc(mib);
+  REQUIRE(g0 && b && g1 && d && g2);
+  memset(b, 1, two);                            /* its second chunk: half committed */
+  memset(d, 2, HAK_LARGE_GRAIN - 64 * 1024); /* nearly all */
+  free(b);
+  free(d);
+  uint8_t *d_chunk = d - HAK_LARGE_OFFSET, *b_second = b - HAK_LARGE_OFFSET + HAK_LARGE_GRAIN;
+  REQUIRE(resident_pages(d_chunk, 256 * 4096) == 256);
+  uint8_t *big = malloc(2 * HAK_LARGE_GRAIN - 2 * 4096); /* two chunks: b's run */
+  REQUIRE(big == b);
+  int taken = resident_pages(b_second, 256 * 4096), kept = resident_pages(d_chunk, 128 * 4096);
+  CHECK_MSG(taken == 256, "%d of the first 256 pages of the second chunk resident", taken);
+  CHECK_MSG(kept == 128, "%d of 128 pages kept at the donor's place", kept);
+  CHECK(d_chunk[HAK_LARGE_OFFSET] == 1); /* b's second chunk's bytes, moved there */
+  free(big);
+  free(g0);
+  free(g1);
+  free(g2);
+}
+
 TEST(calloc_clears_pages_taken_from_a_free_chunk) {
   hak_opt.purge_delay_ms = 100000;
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 0xAB);
