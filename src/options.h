@@ -22,14 +22,14 @@
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
     "Free 4 MiB segments kept mapped for reuse; only the last one cached "     \
     "stays committed until the purge delay, the others are purged at once.")   \
-  X(large_cache_mb, "LARGE_CACHE_MB", 128, 0, 65536,                           \
+  X(large_cache_mb, "LARGE_CACHE_MB", 256, 0, 65536,                           \
     "Megabytes of freed large blocks' memory (> 256 KiB) kept committed for "  \
     "reuse (or the live large bytes, if more); beyond it, the longest idle "   \
     "is purged at once.")
 
 /* Profiles set these defaults; an explicitly set variable wins. */
 #define HAK_PROFILES(X)                                                        \
-  X("balanced", 100, 8, 128, "The default: short purge delay, moderate caches.") \
+  X("balanced", 100, 8, 256, "The default: short purge delay, moderate caches.") \
   X("throughput", 5000, 32, 512, "Long purge delay and large caches: fewest syscalls.") \
   X("lowmem", 0, 0, 0, "Return memory at once; no caches.")
 
