@@ -73,10 +73,11 @@ static size_t pool_total;
  * many threads could otherwise keep several MiB in each. A thread's bound
  * holds a loop over a batch of buffers of some 20 MiB (bench/batch.c),
  * which would otherwise take the page heap's lock for most buffers; what
- * a cache holds and does not use goes back at the next trim. All threads'
- * hold 8 threads that each churn 1000 blocks of 16 B-64 KiB: at 64 MiB
- * they ran their classes through the page heap's lock, 0.70x the speed,
- * and re-carved blocks touched new pages (105 MiB against 41). */
+ * a cache holds and does not use goes back at the next trim. The bound of
+ * all threads' caches holds 8 threads that each churn 1000 blocks of 16 B
+ * to 64 KiB: at 64 MiB their classes went through the page heap's lock
+ * (0.67x the speed), and its re-carved blocks touched new pages (110 MiB
+ * against 46). */
 #define BATCH_BYTES ((size_t)64 * 1024)
 #define CACHE_CLASS_BYTES ((size_t)4 << 20)
 #define CACHE_THREAD_BYTES ((size_t)24 << 20)
