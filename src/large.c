@@ -120,6 +120,8 @@ static size_t chunk_use(size_t bytes, size_t k) {
   if (bytes <= from) return 0;
   return bytes - from < GRAIN ? bytes - from : GRAIN;
 }
+/* Bytes of the first `need` of chunk k that may be committed. */
+static size_t chunk_covers(size_t k, size_t need) { return dirt[k] < need ? dirt[k] : need; }
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_BYTES;
@@ -233,7 +235,7 @@ static size_t arena_find(size_t map_size, size_t *fresh) {
   size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
   size_t best = SIZE_MAX, best_cover = 0, best_waste = 0, best_len = 0;
   if (n == 1 && (best = dirty_best(map_size)) != SIZE_MAX) {
-    best_cover = dirt[best] < map_size ? dirt[best] : map_size;
+    best_cover = chunk_covers(best, map_size);
     goto found;
   }
   for (size_t i = bit_next(used_bits, 0, false);; i = bit_next(used_bits, i, false)) {
@@ -313,8 +315,8 @@ static void arena_trim_locked(void) {
  * pages of the free chunk that covers the most of them (the least
  * committed one among those that cover them all). */
 static void chunk_fill(size_t k, size_t need) {
-  size_t have = dirt[k] < need ? dirt[k] : need, donor = dirty_best(need);
-  if (donor == SIZE_MAX || (dirt[donor] < need ? dirt[donor] : need) < have + DONATE_MIN) return;
+  size_t donor = dirty_best(need);
+  if (donor == SIZE_MAX || chunk_covers(donor, need) < chunk_covers(k, need) + DONATE_MIN) return;
   /* Whole chunks, so each chunk stays one mapping (else a later move of it
    * would fail). Chunk k's own pages, if it has some, trade places with
    * the donor's (through the unused chunk at `high`): moved over, they

@@ -1619,25 +1619,22 @@ TEST(a_trim_gives_back_what_a_cache_did_not_use) {
  * (down to 16 apart) after one whose classes did not. */
 TEST(trims_come_less_often_when_what_they_took_was_needed) {
   const uint64_t took = UINT64_C(0xF) << 1; /* span classes 1-4; 160000 B is another */
-  static const uint32_t longer[] = {32, 64, 128, 256, 256}, shorter[] = {128, 64, 32, 16, 16};
+  const uint64_t three = UINT64_C(0x7) << 1, two = UINT64_C(0x3) << 1; /* of the 4, refilled */
+  static const struct {
+    uint64_t refilled;
+    uint32_t period;
+  } steps[] = {{three, 32}, {three, 64}, {three, 128}, {three, 256}, {three, 256},
+               {two, 128},  {two, 64},   {two, 32},    {two, 16},    {two, 16}};
   free(malloc(12000));
   hak_heap_t *h = hak_tls_heap;
   REQUIRE(h->span_trim_period == 16);
-  for (int i = 0; i < 5; i++) {
+  for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
     flush_span_caches();
     h->span_trimmed = took;
-    h->span_refilled = UINT64_C(0x7) << 1;
+    h->span_refilled = steps[i].refilled;
     trim_span_caches(160000);
-    CHECK_MSG(h->span_trim_period == longer[i], "%u refills, not %u", h->span_trim_period,
-              longer[i]);
-  }
-  for (int i = 0; i < 5; i++) {
-    flush_span_caches();
-    h->span_trimmed = took;
-    h->span_refilled = UINT64_C(0x3) << 1;
-    trim_span_caches(160000);
-    CHECK_MSG(h->span_trim_period == shorter[i], "%u refills, not %u", h->span_trim_period,
-              shorter[i]);
+    CHECK_MSG(h->span_trim_period == steps[i].period, "step %zu: %u refills, not %u", i,
+              h->span_trim_period, steps[i].period);
   }
 }
 
