@@ -22,7 +22,8 @@ pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 #define GRAIN_SHIFT HAK_LARGE_GRAIN_SHIFT
 #define GRAIN HAK_LARGE_GRAIN
 #define GRAIN_MASK (GRAIN - 1)
-#define ARENA_BYTES ((size_t)64 << 30) /* of address space */
+#define ARENA_SHIFT 36 /* 64 GiB of address space */
+#define ARENA_BYTES ((size_t)1 << ARENA_SHIFT)
 #define ARENA_CHUNKS (ARENA_BYTES >> GRAIN_SHIFT)
 #define ARENA_MAX_BLOCK (ARENA_BYTES / 4)
 
@@ -44,14 +45,30 @@ static uint32_t dirt[ARENA_CHUNKS];
  * an invalid one. A byte, not a bit: free reads it without the lock, and
  * no other chunk's update may rewrite it. */
 static uint8_t head_mark[ARENA_CHUNKS];
-/* The dirty chunks by their dirt in pages, a list a bin with the chunk
- * freed last first, and a bit a non-empty bin: a block of one chunk, or a
+/* Lists of chunks in bins, the chunk added last first, and a bit a
+ * non-empty bin, so that a search reads no chunk it cannot use. Links are
+ * chunk index + 1 (0 ends a list). */
+typedef struct {
+  uint32_t *head, *next, *prev;
+  uint64_t *nonempty;
+} chunk_bins_t;
+/* The dirty chunks by their dirt in pages: a block of one chunk, or a
  * block's chunk that takes another's pages, finds the chunk that covers it
- * best without reading every free one. Links are chunk index + 1 (0 ends
- * a list). */
+ * best. */
 #define DIRT_BINS (GRAIN / HAK_PAGE_SIZE + 1)
-static uint32_t bin_head[DIRT_BINS], bin_next[ARENA_CHUNKS], bin_prev[ARENA_CHUNKS];
-static uint64_t bin_bits[(DIRT_BINS + 63) / 64];
+static uint32_t dirt_head[DIRT_BINS], dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
+static uint64_t dirt_nonempty[(DIRT_BINS + 63) / 64];
+static const chunk_bins_t dirt_bins = {dirt_head, dirt_next, dirt_prev, dirt_nonempty};
+/* The free runs below high (maximal ranges of free chunks; not the one
+ * that reaches high) by length, at their first chunk: exact up to
+ * RUN_EXACT chunks, then by power of two. A block of more chunks looks at
+ * the runs that fit it best first. */
+#define RUN_EXACT 32
+#define RUN_BINS (RUN_EXACT - 5 + ARENA_SHIFT - GRAIN_SHIFT + 1)
+_Static_assert(RUN_EXACT == 32 && RUN_BINS <= 64, "run_bin's classes, one word of bits");
+static uint32_t run_head[RUN_BINS], run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
+static uint64_t run_nonempty[1];
+static const chunk_bins_t run_bins = {run_head, run_next, run_prev, run_nonempty};
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
 static size_t dirty_bytes;
@@ -74,36 +91,64 @@ static size_t bit_next(const uint64_t *bits, size_t i, bool on) {
   return high;
 }
 
-static void chunk_bin_add(size_t k) {
-  size_t b = dirt[k] >> HAK_PAGE_SHIFT;
-  uint32_t h = bin_head[b];
-  bin_next[k] = h;
-  bin_prev[k] = 0;
-  if (h) bin_prev[h - 1] = (uint32_t)k + 1;
-  bin_head[b] = (uint32_t)k + 1;
-  bin_bits[b >> 6] |= (uint64_t)1 << (b & 63);
+/* The first chunk of the free run that holds free chunk k. */
+static size_t run_start(size_t k) {
+  size_t w = k >> 6;
+  uint64_t m = used_bits[w] & (((uint64_t)1 << (k & 63)) - 1);
+  while (!m) {
+    if (w == 0) return 0;
+    m = used_bits[--w];
+  }
+  return w * 64 + 64 - (size_t)__builtin_clzll(m);
 }
+
+static void bins_push(const chunk_bins_t *t, size_t b, size_t k) {
+  uint32_t h = t->head[b];
+  t->next[k] = h;
+  t->prev[k] = 0;
+  if (h) t->prev[h - 1] = (uint32_t)k + 1;
+  t->head[b] = (uint32_t)k + 1;
+  t->nonempty[b >> 6] |= (uint64_t)1 << (b & 63);
+}
+static void bins_unlink(const chunk_bins_t *t, size_t b, size_t k) {
+  uint32_t next = t->next[k], prev = t->prev[k];
+  if (prev) t->next[prev - 1] = next;
+  else t->head[b] = next;
+  if (next) t->prev[next - 1] = prev;
+  if (!t->head[b]) t->nonempty[b >> 6] &= ~((uint64_t)1 << (b & 63));
+}
+
+static void chunk_bin_add(size_t k) { bins_push(&dirt_bins, dirt[k] >> HAK_PAGE_SHIFT, k); }
 /* Called before chunk k's dirt changes. */
-static void chunk_bin_remove(size_t k) {
-  size_t b = dirt[k] >> HAK_PAGE_SHIFT;
-  uint32_t next = bin_next[k], prev = bin_prev[k];
-  if (prev) bin_next[prev - 1] = next;
-  else bin_head[b] = next;
-  if (next) bin_prev[next - 1] = prev;
-  if (!bin_head[b]) bin_bits[b >> 6] &= ~((uint64_t)1 << (b & 63));
+static void chunk_bin_remove(size_t k) { bins_unlink(&dirt_bins, dirt[k] >> HAK_PAGE_SHIFT, k); }
+
+static size_t run_bin(size_t len) {
+  return len < RUN_EXACT ? len : RUN_EXACT - 5 + 63 - (size_t)__builtin_clzll(len);
+}
+/* Free run [i, end) is new, or is no more (taken, split or joined). */
+static void run_add(size_t i, size_t end) {
+  if (end >= high) return;
+  HAK_ASSERT(run_start(i) == i && bit_next(used_bits, i, true) == end);
+  bins_push(&run_bins, run_bin(end - i), i);
+}
+static void run_remove(size_t i, size_t end) {
+  if (end >= high) return;
+  HAK_ASSERT(run_start(i) == i && bit_next(used_bits, i, true) == end);
+  bins_unlink(&run_bins, run_bin(end - i), i);
 }
 /* The dirty chunk that covers the most of `need` bytes (at most a chunk)
  * from its start, the least committed among those that cover them all;
  * SIZE_MAX if none has a page committed. */
 static size_t dirty_best(size_t need) {
   size_t want = need >> HAK_PAGE_SHIFT, w = want >> 6;
-  uint64_t m = bin_bits[w] & ~(((uint64_t)1 << (want & 63)) - 1);
-  while (!m && ++w < sizeof bin_bits / sizeof *bin_bits) m = bin_bits[w];
-  if (m) return bin_head[w * 64 + (size_t)__builtin_ctzll(m)] - 1;
+  uint64_t m = dirt_nonempty[w] & ~(((uint64_t)1 << (want & 63)) - 1);
+  while (!m && ++w < sizeof dirt_nonempty / sizeof *dirt_nonempty) m = dirt_nonempty[w];
+  if (m) return dirt_head[w * 64 + (size_t)__builtin_ctzll(m)] - 1;
   /* else the most committed below want; bin 0 has no page */
-  for (w = want >> 6, m = bin_bits[w] & (((uint64_t)1 << (want & 63)) - 1);; m = bin_bits[--w]) {
+  for (w = want >> 6, m = dirt_nonempty[w] & (((uint64_t)1 << (want & 63)) - 1);;
+       m = dirt_nonempty[--w]) {
     if (w == 0) m &= ~(uint64_t)1;
-    if (m) return bin_head[w * 64 + 63 - (size_t)__builtin_clzll(m)] - 1;
+    if (m) return dirt_head[w * 64 + 63 - (size_t)__builtin_clzll(m)] - 1;
     if (w == 0) return SIZE_MAX;
   }
 }
@@ -189,6 +234,8 @@ static void chunk_forget(size_t k) {
 /* Chunks [i, i + n) become part of a block (a head if first). A fresh chunk
  * starts counting as mapped. */
 static void chunks_claim(size_t i, size_t n, bool first) {
+  size_t start = run_start(i), end = bit_next(used_bits, i, true);
+  run_remove(start, end);
   for (size_t k = i; k < i + n; k++) {
     if (bit_get(dirty_bits, k)) {
       chunk_bin_remove(k);
@@ -206,6 +253,22 @@ static void chunks_claim(size_t i, size_t n, bool first) {
   for (; high < i + n; high++)
     if ((high & (HAK_SEG_MASK >> GRAIN_SHIFT)) == 0)
       hak_segmap_set((hak_segment_t *)chunk_addr(high), HAK_SEGMAP_LARGE);
+  if (start < i) run_add(start, i);
+  if (i + n < end) run_add(i + n, end); /* the run that reaches high stays out */
+}
+
+/* Chunks [i, i + n) of blocks are free again: one run with the free runs
+ * beside them. */
+static void chunks_free(size_t i, size_t n) {
+  size_t start = i, end = bit_next(used_bits, i + n, true);
+  if (i > 0 && !bit_get(used_bits, i - 1)) {
+    start = run_start(i - 1);
+    run_remove(start, i);
+  }
+  if (i + n < end) run_remove(i + n, end);
+  for (size_t k = i; k < i + n; k++) bit_set(used_bits, k, false);
+  live_chunks -= n;
+  run_add(start, end);
 }
 
 /* Chunks [i, i + n) are free again, their pages kept; `used` bytes from
@@ -213,60 +276,84 @@ static void chunks_claim(size_t i, size_t n, bool first) {
  * purge, so that freeing the block again is reported as a double free. */
 static void chunks_release(size_t i, size_t n, size_t used) {
   uint64_t now = hak_clock_ms();
+  chunks_free(i, n);
   for (size_t k = i; k < i + n; k++) {
     dirt_fold(k, chunk_use(used, k - i));
-    bit_set(used_bits, k, false);
     bit_set(dirty_bits, k, true);
-    live_chunks--;
     freed_ms[k] = now;
     dirty_add(dirt[k], true);
     chunk_bin_add(k);
   }
 }
 
+/* A start for a block: the committed bytes it reuses there, those left
+ * unused under it, and the length of the free run (see arena_find). */
+typedef struct {
+  size_t at, cover, waste, len;
+} place_t;
+
+/* Starts (and runs too short) that a search for a block of more than one
+ * chunk reads before it takes the best of them. */
+#define FIND_STARTS 64
+
+/* Reads the starts for a block of map_size bytes in free run [i, end) of
+ * `len` chunks, one of *left each; true when none anywhere can beat the
+ * best. */
+static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, size_t len,
+                         size_t *left) {
+  size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
+  size_t most = map_size < dirty_bytes ? map_size : dirty_bytes;
+  /* chunks before the last are covered up to their dirt, the last up to
+   * `last` bytes; `full` sums the dirt of the n - 1 before s + n - 1 */
+  size_t full = 0;
+  for (size_t s = i, k = i; s + n <= end && *left > 0; s++, --*left) {
+    for (; n > 1 && k < s + n - 1; k++) full += dirt[k];
+    size_t d = dirt[s + n - 1];
+    size_t cover = full + (d < last ? d : last), waste = d > last ? d - last : 0;
+    if (best->at == SIZE_MAX || cover > best->cover ||
+        (cover == best->cover &&
+         (waste < best->waste || (waste == best->waste && len < best->len))))
+      *best = (place_t){s, cover, waste, len};
+    /* nothing later in this run can beat it; nothing at all, in a run of
+     * its length (the churn of blocks of one size) */
+    if (cover == most && waste == 0) return len == n;
+    if (n > 1) full -= dirt[s];
+  }
+  return false;
+}
+
 /* Where a block of map_size bytes reuses the most committed bytes: it
  * pays a page fault for every byte it does not. On a tie, the start that
- * leaves the fewest committed bytes unused under the block, then (for a
- * block of one chunk that reuses any, the chunk freed last) the shortest
- * run of free chunks, then the lowest. The run reaching `high` extends
- * into unused chunks. SIZE_MAX if there is no room; else *fresh (if not
- * NULL) gets the bytes the block would fault in there. */
+ * leaves the fewest committed bytes unused under the block, then the
+ * shortest run of free chunks. A block of one chunk that reuses any takes
+ * the chunk that covers it best (the one freed last); a longer one looks
+ * at the runs it fits best first, and at FIND_STARTS starts at most, the
+ * run reaching `high` (which extends into unused chunks) last. SIZE_MAX
+ * if there is no room; else *fresh (if not NULL) gets the bytes the block
+ * would fault in there. */
 static size_t arena_find(size_t map_size, size_t *fresh) {
-  size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
-  size_t best = SIZE_MAX, best_cover = 0, best_waste = 0, best_len = 0;
-  if (n == 1 && (best = dirty_best(map_size)) != SIZE_MAX) {
-    best_cover = chunk_covers(best, map_size);
+  size_t n = chunks_of(map_size), left = FIND_STARTS;
+  place_t best = {SIZE_MAX, 0, 0, 0};
+  if (n == 1 && (best.at = dirty_best(map_size)) != SIZE_MAX) {
+    best.cover = chunk_covers(best.at, map_size);
     goto found;
   }
-  for (size_t i = bit_next(used_bits, 0, false);; i = bit_next(used_bits, i, false)) {
-    size_t j = bit_next(used_bits, i, true);
-    size_t len = j < high ? j - i : SIZE_MAX, end = j < high ? j : high + n;
-    if (end > ARENA_CHUNKS) end = ARENA_CHUNKS;
-    /* chunks before the last are covered up to their dirt, the last up to
-     * `last` bytes; `full` sums the dirt of the n - 1 before s + n - 1 */
-    size_t full = 0;
-    for (size_t s = i, k = i; s + n <= end; s++) {
-      for (; n > 1 && k < s + n - 1; k++) full += dirt[k];
-      size_t d = dirt[s + n - 1];
-      size_t cover = full + (d < last ? d : last), waste = d > last ? d - last : 0;
-      if (best == SIZE_MAX || cover > best_cover ||
-          (cover == best_cover &&
-           (waste < best_waste || (waste == best_waste && len < best_len)))) {
-        best = s;
-        best_cover = cover;
-        best_waste = waste;
-        best_len = len;
-        /* nothing later can beat it: the churn of blocks of one size */
-        if (cover == map_size && waste == 0 && len == n) goto found;
-      }
-      if (n > 1) full -= dirt[s];
+  for (uint64_t m = run_nonempty[0] & ~(((uint64_t)1 << run_bin(n)) - 1); m && left; m &= m - 1)
+    for (uint32_t l = run_head[__builtin_ctzll(m)]; l && left; l = run_next[l - 1]) {
+      size_t i = l - 1, end = bit_next(used_bits, i, true);
+      if (end - i < n) left--;
+      else if (place_in_run(&best, map_size, i, end, end - i, &left)) goto found;
     }
-    if (j == high) break;
-    i = j;
+  if (best.at == SIZE_MAX || left > 0) {
+    size_t i = high > 0 && !bit_get(used_bits, high - 1) ? run_start(high - 1) : high;
+    size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
+    if (left == 0) left = 1;
+    place_in_run(&best, map_size, i, end, SIZE_MAX, &left);
   }
+  if (best.at == SIZE_MAX) return SIZE_MAX;
 found:
-  if (fresh) *fresh = map_size - best_cover;
-  return best;
+  if (fresh) *fresh = map_size - best.cover;
+  return best.at;
 }
 
 /* Purges free chunks idle for the delay (all if force, and those freed
@@ -434,10 +521,9 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */
     dirt[j + k] = dirt[i + k];
     dirt_fold(j + k, chunk_use(old_map, k));
-    bit_set(used_bits, i + k, false);
-    live_chunks--;
     dirt[i + k] = 0;
   }
+  chunks_free(i, n);
   block_fill(j, new_map, j + n);
   head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);

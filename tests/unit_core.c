@@ -455,6 +455,47 @@ TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
+/* Blocks of 1-6 chunks allocated, grown, shrunk and freed at random, 24
+ * live at most: each keeps its bytes, and the arena reuses the free runs
+ * (the span of addresses stays within twice the most live, where
+ * runs lost to the search would take new chunks every time). */
+TEST(large_blocks_of_several_chunks_reuse_free_runs) {
+  hak_opt.purge_delay_ms = 100000;
+  enum { SLOTS = 24, STEPS = 4000 };
+  static uint8_t *slot[SLOTS];
+  static size_t size[SLOTS];
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  uint32_t x = 2463534242u;
+  for (int step = 0; step < STEPS; step++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    int k = (int)(x % SLOTS);
+    size_t want = (size_t)(x >> 8) % (6 * HAK_LARGE_GRAIN - 8192 - 300000) + 300000;
+    if (slot[k] != NULL) {
+      uint8_t tag = (uint8_t)k + 1;
+      CHECK(slot[k][0] == tag && slot[k][size[k] - 1] == tag);
+      if (x & 0x80) {
+        free(slot[k]);
+        slot[k] = NULL;
+        continue;
+      }
+      uint8_t *r = realloc(slot[k], want);
+      REQUIRE(r != NULL);
+      CHECK(r[0] == tag && (want < size[k] || r[size[k] - 1] == tag));
+      slot[k] = r;
+    } else {
+      REQUIRE((slot[k] = malloc(want)) != NULL);
+    }
+    size[k] = want;
+    slot[k][0] = slot[k][want - 1] = (uint8_t)k + 1;
+    if ((uintptr_t)slot[k] < lo) lo = (uintptr_t)slot[k];
+    if ((uintptr_t)slot[k] + want > hi) hi = (uintptr_t)slot[k] + want;
+  }
+  size_t most = (size_t)SLOTS * 6 * HAK_LARGE_GRAIN;
+  CHECK_MSG(hi - lo <= 2 * most, "blocks spread over %zu MiB; at most %zu MiB live",
+            (size_t)(hi - lo) >> 20, most >> 20);
+  for (int k = 0; k < SLOTS; k++) free(slot[k]);
+}
+
 TEST(free_large_chunks_are_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
