@@ -314,9 +314,10 @@ static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, s
         (cover == best->cover &&
          (waste < best->waste || (waste == best->waste && len < best->len))))
       *best = (place_t){s, cover, waste, len};
-    /* nothing later in this run can beat it; nothing at all, in a run of
-     * its length (the churn of blocks of one size) */
-    if (cover == most && waste == 0) return len == n;
+    /* nothing later in this run can beat it; in a run of its length, what
+     * another run could still beat is only the bytes left unused (the
+     * search of every start cost 1.2x with 1000 blocks of 2-8 MiB) */
+    if (cover == most && (waste == 0 || len == n)) return len == n;
     if (n > 1) full -= dirt[s];
   }
   return false;
@@ -328,7 +329,8 @@ static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, s
  * shortest run of free chunks. A block of one chunk that reuses any takes
  * the chunk that covers it best (the one freed last); a longer one looks
  * at the runs it fits best first, and at FIND_STARTS starts at most, the
- * run reaching `high` (which extends into unused chunks) last. SIZE_MAX
+ * run reaching `high` (which extends into unused chunks) last; it takes a
+ * run of its length that covers all it can at once. SIZE_MAX
  * if there is no room; else *fresh (if not NULL) gets the bytes the block
  * would fault in there. */
 static size_t arena_find(size_t map_size, size_t *fresh) {
