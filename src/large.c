@@ -159,11 +159,18 @@ static uint8_t *chunk_addr(size_t i) { return arena + (i << GRAIN_SHIFT); }
 static size_t chunk_index(const void *p) {
   return (size_t)((const uint8_t *)p - arena) >> GRAIN_SHIFT;
 }
-/* Bytes of its k-th chunk that a block of `bytes` bytes uses. */
-static size_t chunk_use(size_t bytes, size_t k) {
+/* Bytes of its k-th chunk that a block of `bytes` bytes from its header
+ * uses, its first byte at offset: of a first chunk wholly below the block
+ * (aligned to a chunk), the header's page only. */
+static size_t chunk_use(size_t bytes, size_t offset, size_t k) {
+  if (k == 0 && offset >= GRAIN) return HAK_PAGE_SIZE;
   size_t from = k << GRAIN_SHIFT;
   if (bytes <= from) return 0;
   return bytes - from < GRAIN ? bytes - from : GRAIN;
+}
+/* Bytes of its chunks that such a block uses. */
+static size_t block_use(size_t bytes, size_t offset) {
+  return offset >= GRAIN ? bytes - GRAIN + HAK_PAGE_SIZE : bytes;
 }
 /* Bytes of the first `need` of chunk k that may be committed. */
 static size_t chunk_covers(size_t k, size_t need) { return dirt[k] < need ? dirt[k] : need; }
@@ -272,13 +279,14 @@ static void chunks_free(size_t i, size_t n) {
 }
 
 /* Chunks [i, i + n) are free again, their pages kept; `used` bytes from
- * chunk i on were in the block. A head's segment map bit stays until the
- * purge, so that freeing the block again is reported as a double free. */
-static void chunks_release(size_t i, size_t n, size_t used) {
+ * chunk i on were in the block, from offset on (see chunk_use). A head's
+ * segment map bit stays until the purge, so that freeing the block again
+ * is reported as a double free. */
+static void chunks_release(size_t i, size_t n, size_t used, size_t offset) {
   uint64_t now = hak_clock_ms();
   chunks_free(i, n);
   for (size_t k = i; k < i + n; k++) {
-    dirt_fold(k, chunk_use(used, k - i));
+    dirt_fold(k, chunk_use(used, offset, k - i));
     bit_set(dirty_bits, k, true);
     freed_ms[k] = now;
     dirty_add(dirt[k], true);
@@ -299,10 +307,11 @@ typedef struct {
 /* Reads the starts for a block of map_size bytes in free run [i, end) of
  * `len` chunks, one of *left each; true when none anywhere can beat the
  * best. */
-static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, size_t len,
-                         size_t *left) {
-  size_t n = chunks_of(map_size), last = chunk_use(map_size, n - 1);
-  size_t most = map_size < dirty_bytes ? map_size : dirty_bytes;
+static bool place_in_run(place_t *best, size_t map_size, size_t offset, size_t i, size_t end,
+                         size_t len, size_t *left) {
+  size_t n = chunks_of(map_size), last = chunk_use(map_size, offset, n - 1);
+  size_t head = chunk_use(map_size, offset, 0), use = block_use(map_size, offset);
+  size_t most = use < dirty_bytes ? use : dirty_bytes;
   /* chunks before the last are covered up to their dirt, the last up to
    * `last` bytes; `full` sums the dirt of the n - 1 before s + n - 1 */
   size_t full = 0;
@@ -310,6 +319,10 @@ static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, s
     for (; n > 1 && k < s + n - 1; k++) full += dirt[k];
     size_t d = dirt[s + n - 1];
     size_t cover = full + (d < last ? d : last), waste = d > last ? d - last : 0;
+    if (n > 1 && dirt[s] > head) { /* a first chunk below the block */
+      cover -= dirt[s] - head;
+      waste += dirt[s] - head;
+    }
     if (best->at == SIZE_MAX || cover > best->cover ||
         (cover == best->cover &&
          (waste < best->waste || (waste == best->waste && len < best->len))))
@@ -333,7 +346,7 @@ static bool place_in_run(place_t *best, size_t map_size, size_t i, size_t end, s
  * run of its length that covers all it can at once. SIZE_MAX
  * if there is no room; else *fresh (if not NULL) gets the bytes the block
  * would fault in there. */
-static size_t arena_find(size_t map_size, size_t *fresh) {
+static size_t arena_find(size_t map_size, size_t offset, size_t *fresh) {
   size_t n = chunks_of(map_size), left = FIND_STARTS;
   place_t best = {SIZE_MAX, 0, 0, 0};
   if (n == 1 && (best.at = dirty_best(map_size)) != SIZE_MAX) {
@@ -344,17 +357,17 @@ static size_t arena_find(size_t map_size, size_t *fresh) {
     for (uint32_t l = run_head[__builtin_ctzll(m)]; l && left; l = run_next[l - 1]) {
       size_t i = l - 1, end = bit_next(used_bits, i, true);
       if (end - i < n) left--;
-      else if (place_in_run(&best, map_size, i, end, end - i, &left)) goto found;
+      else if (place_in_run(&best, map_size, offset, i, end, end - i, &left)) goto found;
     }
   if (best.at == SIZE_MAX || left > 0) {
     size_t i = high > 0 && !bit_get(used_bits, high - 1) ? run_start(high - 1) : high;
     size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
     if (left == 0) left = 1;
-    place_in_run(&best, map_size, i, end, SIZE_MAX, &left);
+    place_in_run(&best, map_size, offset, i, end, SIZE_MAX, &left);
   }
   if (best.at == SIZE_MAX) return SIZE_MAX;
 found:
-  if (fresh) *fresh = map_size - best.cover;
+  if (fresh) *fresh = block_use(map_size, offset) - best.cover;
   return best.at;
 }
 
@@ -432,11 +445,11 @@ static void chunk_fill(size_t k, size_t need) {
 
 /* Fills the chunks of a block of map_size bytes at chunk i from chunk
  * `from` on (see chunk_fill); true if none of its pages are committed. */
-static bool block_fill(size_t i, size_t map_size, size_t from) {
+static bool block_fill(size_t i, size_t map_size, size_t offset, size_t from) {
   size_t n = chunks_of(map_size);
   bool fresh = true;
   for (size_t k = from; k < i + n; k++) {
-    size_t need = chunk_use(map_size, k - i);
+    size_t need = chunk_use(map_size, offset, k - i);
     if (dirt[k] + DONATE_MIN <= need) chunk_fill(k, need);
     if (dirt[k]) fresh = false;
   }
@@ -448,10 +461,10 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
   hak_segment_t *seg = NULL;
   pthread_mutex_lock(&hak_large_lock);
   if (arena_init()) {
-    size_t i = arena_find(map_size, NULL);
+    size_t i = arena_find(map_size, offset, NULL);
     if (i != SIZE_MAX) {
       chunks_claim(i, n, true);
-      bool fresh = block_fill(i, map_size, i);
+      bool fresh = block_fill(i, map_size, offset, i);
       seg = (hak_segment_t *)chunk_addr(i);
       header_init(seg, map_size, offset, fresh);
     }
@@ -462,10 +475,10 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
 
 /* Bytes a block at chunk i, now of `used` bytes, would fault in to grow
  * in place to map_size bytes. */
-static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used) {
+static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used, size_t offset) {
   size_t fresh = 0;
   for (size_t k = 0; k < chunks_of(map_size); k++) {
-    size_t need = chunk_use(map_size, k), have = chunk_use(used, k);
+    size_t need = chunk_use(map_size, offset, k), have = chunk_use(used, offset, k);
     if (dirt[i + k] > have) have = dirt[i + k];
     if (need > have) fresh += need - have;
   }
@@ -483,24 +496,25 @@ static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used) {
  * there is no room. */
 static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   size_t i = chunk_index(seg), n = chunks_of(seg->map_size), m = chunks_of(new_map);
+  size_t offset = seg->large_offset;
   hak_segment_t *r = seg;
   pthread_mutex_lock(&hak_large_lock);
   if (new_map <= seg->map_size) {
-    if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << GRAIN_SHIFT));
+    if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << GRAIN_SHIFT), 0);
     /* the last chunk kept stays committed as far as the block used it */
-    dirt_fold(i + m - 1, chunk_use(seg->map_size, m - 1));
+    dirt_fold(i + m - 1, chunk_use(seg->map_size, offset, m - 1));
     seg->map_size = new_map;
     arena_trim_locked();
     goto out;
   }
   bool room = i + m <= ARENA_CHUNKS;
   for (size_t k = i + n; room && k < i + m; k++) room = k >= high || !bit_get(used_bits, k);
-  size_t fresh_there, j = arena_find(new_map, &fresh_there);
-  if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size) <=
+  size_t fresh_there, j = arena_find(new_map, offset, &fresh_there);
+  if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size, offset) <=
                                     fresh_there + seg->map_size / COPY_PER_FAULT)) {
     if (m > n) {
       chunks_claim(i + n, m - n, false);
-      block_fill(i, new_map, i + n);
+      block_fill(i, new_map, offset, i + n);
     }
     seg->map_size = new_map;
     goto out;
@@ -517,16 +531,16 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   for (size_t k = 0; k < n; k++) {
     if (!hak_os_move(chunk_addr(i + k), GRAIN, chunk_addr(j + k))) {
       if (k > 0) hak_fatal("hakmem: mremap of a large block's chunk failed: errno %d", errno);
-      chunks_release(j, m, 0); /* e.g. a guard page split the head chunk: copy */
+      chunks_release(j, m, 0, 0); /* e.g. a guard page split the head chunk: copy */
       goto out;
     }
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */
     dirt[j + k] = dirt[i + k];
-    dirt_fold(j + k, chunk_use(old_map, k));
+    dirt_fold(j + k, chunk_use(old_map, offset, k));
     dirt[i + k] = 0;
   }
   chunks_free(i, n);
-  block_fill(j, new_map, j + n);
+  block_fill(j, new_map, offset, j + n);
   head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);
   dst->map_size = new_map;
@@ -637,7 +651,7 @@ void hak_large_free(hak_segment_t *seg) {
     hak_os_guard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, false);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
-  chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size);
+  chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size, seg->large_offset);
   if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0);
   else arena_trim_locked();
   pthread_mutex_unlock(&hak_large_lock);

@@ -393,6 +393,27 @@ TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
+/* A block aligned to a chunk starts a chunk after its header, which needs
+ * the header's page only: a free chunk's pages go under the block's bytes. */
+TEST(a_chunk_aligned_block_takes_committed_pages_for_its_bytes_not_its_header) {
+  hak_opt.purge_delay_ms = 100000;
+  uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
+  REQUIRE(a != NULL);
+  void *p = NULL;
+  REQUIRE(posix_memalign(&p, HAK_LARGE_GRAIN, HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2) == 0);
+  uint8_t *b = p, *header_chunk = b - HAK_LARGE_GRAIN; /* three chunks: not in a's run */
+  CHECK(((uintptr_t)b & (HAK_LARGE_GRAIN - 1)) == 0);
+  CHECK(b != a - HAK_LARGE_OFFSET + HAK_LARGE_GRAIN);
+  const size_t half = HAK_LARGE_GRAIN / 2; /* 256 pages */
+  int taken = resident_pages(b, half);
+  int under_header = resident_pages(header_chunk, half) + resident_pages(header_chunk + half, half);
+  CHECK_MSG(taken == 256, "%d of the block's first 256 pages resident", taken);
+  CHECK_MSG(under_header <= 1, "%d pages resident in the header's chunk", under_header);
+  free(b);
+  free(before);
+  free(after);
+}
+
 /* A block's chunk that takes a free chunk's pages gives its own to the
  * donor's place, where they stay committed, a free chunk's (a move over
  * them dropped them). */
