@@ -74,10 +74,10 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   return slab->block_size - HAK_CANARY;
 }
 
-/* A new block for p (old usable bytes) of size > 0; NULL, p still valid,
- * when out of memory. */
-HAK_NOINLINE static void *realloc_move(void *p, size_t size, size_t old) {
-  void *q = hak_malloc_inline(size);
+HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
+  void *q = size > old && size > HAK_FAST_MAX - HAK_CANARY
+                ? hak_large_alloc_grown(size, size - old <= old / 4)
+                : hak_malloc_inline(size);
   if (q == NULL) return NULL;
   memcpy(q, p, size < old ? size : old);
   hak_free_inline(p);
@@ -100,7 +100,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
   size_t old = slab_block_size(seg, p);
   /* In place when it fits and wastes at most half the block. */
   if (size <= old && size >= old / 2) return p;
-  return realloc_move(p, size, old);
+  return hak_realloc_move(p, size, old);
 }
 
 /* The common case first, with no call: a block that keeps fitting. Any
@@ -121,7 +121,7 @@ void *hak_realloc_impl(void *p, size_t size) {
       /* A block of the thread's own slab moves without a second lookup
        * (the block test above is the one free's own path makes). */
       if (size != 0 && atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token())
-        return realloc_move(p, size, old);
+        return hak_realloc_move(p, size, old);
     }
     if (seg->kind == HAK_KIND_SPANS) {
       size_t cls = seg->span.page_class[hak_span_page_index(p)];

@@ -355,6 +355,10 @@ bool hak_release_all(void);
 
 /* ---- large.c ---- */
 void *hak_large_alloc(size_t size, size_t align, bool zero);
+/* For a block that realloc grows into a new large block: it will grow
+ * again, so its next growth commits its new chunks whole, and after a
+ * small step, its own chunks are committed whole at once. */
+void *hak_large_alloc_grown(size_t size, bool small_step);
 void hak_large_free(hak_segment_t *seg);
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size);
 bool hak_large_cache_collect(bool force); /* true while some remain */
@@ -367,6 +371,9 @@ void hak_free_flush_outboxes(hak_heap_t *heap);
 void *hak_alloc_aligned(size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
 void *hak_realloc_impl(void *p, size_t size);
+/* realloc's copy: a new block for p (old usable bytes) of size > 0, p
+ * freed; NULL, p still valid, when out of memory. */
+HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old);
 /* What hak_usable_size_inline does not handle: NULL, large blocks, and
  * pointers that are not a block in use (it aborts, naming the fault). */
 HAK_NOINLINE size_t hak_usable_size_generic(const void *p);

@@ -444,19 +444,21 @@ static void chunk_fill(size_t k, size_t need) {
 }
 
 /* Fills the chunks of a block of map_size bytes at chunk i from chunk
- * `from` on (see chunk_fill); true if none of its pages are committed. */
-static bool block_fill(size_t i, size_t map_size, size_t offset, size_t from) {
+ * `from` on (see chunk_fill), each whole if asked (a block that realloc
+ * grew grows again, within its last chunk, where that chunk cannot take a
+ * donor's pages any more); true if none of its pages are committed. */
+static bool block_fill(size_t i, size_t map_size, size_t offset, size_t from, bool whole) {
   size_t n = chunks_of(map_size);
   bool fresh = true;
   for (size_t k = from; k < i + n; k++) {
-    size_t need = chunk_use(map_size, offset, k - i);
+    size_t need = whole ? GRAIN : chunk_use(map_size, offset, k - i);
     if (dirt[k] + DONATE_MIN <= need) chunk_fill(k, need);
     if (dirt[k]) fresh = false;
   }
   return fresh;
 }
 
-static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
+static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
   size_t n = chunks_of(map_size);
   hak_segment_t *seg = NULL;
   pthread_mutex_lock(&hak_large_lock);
@@ -464,7 +466,7 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset) {
     size_t i = arena_find(map_size, offset, NULL);
     if (i != SIZE_MAX) {
       chunks_claim(i, n, true);
-      bool fresh = block_fill(i, map_size, offset, i);
+      bool fresh = block_fill(i, map_size, offset, i, whole);
       seg = (hak_segment_t *)chunk_addr(i);
       header_init(seg, map_size, offset, fresh);
     }
@@ -497,6 +499,7 @@ static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used, size_t of
 static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   size_t i = chunk_index(seg), n = chunks_of(seg->map_size), m = chunks_of(new_map);
   size_t offset = seg->large_offset;
+  bool again = seg->grown; /* read before its page moves */
   hak_segment_t *r = seg;
   pthread_mutex_lock(&hak_large_lock);
   if (new_map <= seg->map_size) {
@@ -514,9 +517,10 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
                                     fresh_there + seg->map_size / COPY_PER_FAULT)) {
     if (m > n) {
       chunks_claim(i + n, m - n, false);
-      block_fill(i, new_map, offset, i + n);
+      block_fill(i, new_map, offset, i + n, again);
     }
     seg->map_size = new_map;
+    seg->grown = 1;
     goto out;
   }
   r = NULL;
@@ -540,10 +544,11 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     dirt[i + k] = 0;
   }
   chunks_free(i, n);
-  block_fill(j, new_map, offset, j + n);
+  block_fill(j, new_map, offset, j + n, again);
   head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);
   dst->map_size = new_map;
+  dst->grown = 1;
   r = dst;
 out:
   pthread_mutex_unlock(&hak_large_lock);
@@ -588,13 +593,13 @@ hak_segment_t *hak_large_header(const void *p) {
   return head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
 }
 
-static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset) {
+static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bool whole) {
   hak_segment_t *seg = NULL;
-  if (align <= GRAIN && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset);
+  if (align <= GRAIN && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset, whole);
   return seg != NULL ? seg : large_map(map_size, align, offset);
 }
 
-void *hak_large_alloc(size_t size, size_t align, bool zero) {
+static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool whole) {
   if (size > PTRDIFF_MAX - 2 * HAK_SEG_SIZE - align) {
     errno = ENOMEM;
     return NULL;
@@ -607,13 +612,13 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
                   : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
-  hak_segment_t *seg = large_get(map_size, align, offset);
+  hak_segment_t *seg = large_get(map_size, align, offset, whole);
   /* Out of memory (or address space): what waits for a purge, in a cache
    * or for the purger's unmap goes back to the OS, and one more try, unless
    * the request is more than all hakmem holds (a probe for a huge size). */
   if (seg == NULL && map_size <= atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed)) {
     hak_release_all();
-    seg = large_get(map_size, align, offset);
+    seg = large_get(map_size, align, offset, whole);
   }
   if (seg == NULL) {
     errno = ENOMEM;
@@ -621,6 +626,7 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   }
   if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
   seg->large_size = seg->map_size - offset;
+  seg->grown = grown;
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_ACTIVE);
   HAK_STAT_ADD(large_live, 1);
   HAK_STAT_ADD(large_bytes, seg->large_size);
@@ -630,6 +636,13 @@ void *hak_large_alloc(size_t size, size_t align, bool zero) {
   HAK_CSTAT_ALLOC(HAK_CLASSES, size);
   HAK_SLOW_END();
   return p;
+}
+
+void *hak_large_alloc(size_t size, size_t align, bool zero) {
+  return large_alloc(size, align, zero, false, false);
+}
+void *hak_large_alloc_grown(size_t size, bool small_step) {
+  return large_alloc(size, 0, false, true, small_step);
 }
 
 bool hak_large_cache_collect(bool force) {
@@ -715,9 +728,5 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
     HAK_STAT_SUB(large_bytes, old_size);
     return (uint8_t *)r + offset;
   }
-  void *q = hak_malloc_inline(size);
-  if (q == NULL) return NULL;
-  memcpy(q, p, size < old_size ? size : old_size);
-  hak_free_inline(p);
-  return q;
+  return hak_realloc_move(p, size, old_size);
 }

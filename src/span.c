@@ -911,11 +911,7 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
       return p;
     }
   }
-  void *q = hak_malloc_inline(size);
-  if (q == NULL) return NULL; /* p stays valid */
-  memcpy(q, p, size < old ? size : old);
-  hak_free_inline(p);
-  return q;
+  return hak_realloc_move(p, size, old);
 }
 
 /* ---- purge, usage, fork ---- */

@@ -173,6 +173,7 @@ struct hak_segment_s {
   uint8_t kind;         /* HAK_KIND_* */
   uint8_t fresh;        /* large: never handed out before (memory is zero) */
   uint8_t abandoned;    /* on the abandoned list (guarded by the segment lock) */
+  uint8_t grown;        /* large: realloc grew it (it grows again) */
   /* Slab segments, one bit per unit: FREE units; of those, the ones whose
    * memory is zero (never used, or purged), and the ones purged (returned
    * to the OS). A FREE unit's descriptor is slabs[unit], in state

@@ -517,6 +517,30 @@ TEST(large_blocks_of_several_chunks_reuse_free_runs) {
   for (int k = 0; k < SLOTS; k++) free(slot[k]);
 }
 
+/* A block that realloc grew grows again: its next chunk takes a free
+ * chunk's pages whole, though the step needs a few of them, as the
+ * growth within a chunk that holds its bytes could not take them any more. */
+TEST(a_block_realloc_grows_again_takes_a_whole_chunk_of_committed_pages) {
+  hak_opt.purge_delay_ms = 100000;
+  uint8_t *before = malloc(TWO_CHUNKS), *a = malloc(TWO_CHUNKS), *after = malloc(TWO_CHUNKS);
+  uint8_t *x = malloc(HAK_LARGE_GRAIN - 3 * 4096); /* one chunk, last */
+  REQUIRE(before && a && after && x > after);
+  memset(a, 6, TWO_CHUNKS);
+  free(a); /* the donor */
+  x[0] = 1;
+  uint8_t *y = realloc(x, HAK_LARGE_GRAIN - 2 * 4096); /* grown within its chunk */
+  REQUIRE(y == x);
+  y = realloc(x, HAK_LARGE_GRAIN + 8192); /* into the next chunk, by 12 KiB */
+  REQUIRE(y == x);
+  uint8_t *next = x - HAK_LARGE_OFFSET + HAK_LARGE_GRAIN;
+  int taken = resident_pages(next, 256 * 4096);
+  CHECK_MSG(taken == 256, "%d of the next chunk's first 256 pages resident", taken);
+  CHECK(y[0] == 1);
+  free(y);
+  free(before);
+  free(after);
+}
+
 TEST(free_large_chunks_are_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
