@@ -362,7 +362,7 @@ static size_t arena_find(size_t map_size, size_t offset, size_t *fresh) {
   if (best.at == SIZE_MAX || left > 0) {
     size_t i = high > 0 && !bit_get(used_bits, high - 1) ? run_start(high - 1) : high;
     size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
-    if (left == 0) left = 1;
+    if (left == 0) left = 1; /* runs too short took them all: one start here */
     place_in_run(&best, map_size, offset, i, end, SIZE_MAX, &left);
   }
   if (best.at == SIZE_MAX) return SIZE_MAX;

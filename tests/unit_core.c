@@ -530,7 +530,7 @@ TEST(a_block_realloc_grows_again_takes_a_whole_chunk_of_committed_pages) {
   x[0] = 1;
   uint8_t *y = realloc(x, HAK_LARGE_GRAIN - 2 * 4096); /* grown within its chunk */
   REQUIRE(y == x);
-  y = realloc(x, HAK_LARGE_GRAIN + 8192); /* into the next chunk, by 12 KiB */
+  y = realloc(x, HAK_LARGE_GRAIN + 8192); /* 12 KiB into the next chunk */
   REQUIRE(y == x);
   uint8_t *next = x - HAK_LARGE_OFFSET + HAK_LARGE_GRAIN;
   int taken = resident_pages(next, 256 * 4096);
