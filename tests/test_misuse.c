@@ -330,6 +330,16 @@ static void do_double_free_large(int fd) { double_free(fd, 1 << 20); }
 TEST(double_free_of_small_block_aborts) { expect_abort(do_double_free_small, DOUBLE); }
 TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DOUBLE); }
 TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
+/* realloc of a freed large block: its chunk still holds its header */
+static void do_realloc_freed_large(int fd) {
+  char *p = malloc(1 << 20);
+  REQUIRE(p != NULL);
+  free(p);
+  announce(fd, p);
+  char *q = realloc(p, 2 << 20);
+  fprintf(stderr, "realloc returned %p\n", (void *)q);
+}
+TEST(realloc_of_freed_1MiB_block_aborts) { expect_abort(do_realloc_freed_large, DOUBLE); }
 TEST(double_free_in_a_released_slabs_second_unit_aborts) {
   expect_abort(do_double_free_released, DOUBLE);
 }
