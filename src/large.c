@@ -372,16 +372,18 @@ found:
 }
 
 /* Purges free chunks idle for the delay (all if force, and those freed
- * at or before `older` in any case); true while some stay committed. */
-static bool arena_purge_locked(bool force, uint64_t older) {
+ * at or before `older` in any case) until no more than `keep` bytes stay
+ * committed; true while some stay committed. */
+static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
-  for (size_t i = bit_next(dirty_bits, 0, true); i < high; i = bit_next(dirty_bits, i, true)) {
+  for (size_t i = bit_next(dirty_bits, 0, true); i < high && dirty_bytes > keep;
+       i = bit_next(dirty_bits, i, true)) {
     if (!(force || now - freed_ms[i] >= delay || freed_ms[i] <= older)) {
       i++;
       continue;
     }
     size_t j = i;
-    while (j < high && bit_get(dirty_bits, j) &&
+    while (j < high && bit_get(dirty_bits, j) && dirty_bytes > keep &&
            (force || now - freed_ms[j] >= delay || freed_ms[j] <= older)) {
       chunk_forget(j);
       j++;
@@ -393,7 +395,9 @@ static bool arena_purge_locked(bool force, uint64_t older) {
 }
 
 /* Keeps free committed chunks within HAKMEM_LARGE_CACHE_MB, or the bytes of
- * live blocks if more, purging the longest idle first. */
+ * live blocks if more, purging the longest idle first, and no more than
+ * the excess: the blocks freed in one millisecond (four of 64 MiB) went
+ * back whole for a chunk too many, and were faulted in again. */
 static void arena_trim_locked(void) {
   size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
   if (limit && live > limit) limit = live; /* a program with more live churns more */
@@ -401,7 +405,7 @@ static void arena_trim_locked(void) {
     uint64_t oldest = UINT64_MAX;
     for (size_t i = bit_next(dirty_bits, 0, true); i < high; i = bit_next(dirty_bits, i + 1, true))
       if (freed_ms[i] < oldest) oldest = freed_ms[i];
-    arena_purge_locked(false, oldest);
+    arena_purge_locked(false, oldest, limit);
   }
 }
 
@@ -647,7 +651,7 @@ void *hak_large_alloc_grown(size_t size, bool small_step) {
 
 bool hak_large_cache_collect(bool force) {
   pthread_mutex_lock(&hak_large_lock);
-  bool pending = arena_purge_locked(force, 0);
+  bool pending = arena_purge_locked(force, 0, 0);
   pthread_mutex_unlock(&hak_large_lock);
   return pending;
 }
@@ -665,7 +669,7 @@ void hak_large_free(hak_segment_t *seg) {
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   pthread_mutex_lock(&hak_large_lock);
   chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size, seg->large_offset);
-  if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0);
+  if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0, 0);
   else arena_trim_locked();
   pthread_mutex_unlock(&hak_large_lock);
   hak_purge_wake();

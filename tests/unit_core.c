@@ -541,6 +541,26 @@ TEST(a_block_realloc_grows_again_takes_a_whole_chunk_of_committed_pages) {
   free(after);
 }
 
+/* Past HAKMEM_LARGE_CACHE_MB, the longest idle chunks go back to the OS,
+ * and only as many as are too many: blocks freed within a millisecond of
+ * each other are not purged all together. */
+TEST(free_large_chunks_beyond_the_cache_bound_are_purged_no_more) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_opt.large_cache_mb = 16;
+  const size_t mib = (size_t)1 << 20, sz = 8 * mib - 4096; /* four chunks each */
+  uint8_t *b[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE((b[i] = malloc(sz)) != NULL);
+    memset(b[i], 1, sz);
+  }
+  size_t before = atomic_load(&hak_gstats.large_cached);
+  for (int i = 0; i < 4; i++) free(b[i]);
+  size_t cached = atomic_load(&hak_gstats.large_cached) - before;
+  CHECK_MSG(cached <= 16 * mib && cached >= 14 * mib, "%zu KiB cached, bound 16 MiB",
+            cached >> 10);
+  CHECK(resident_pages(b[3], 256 * 4096) == 256); /* the one freed last stays */
+}
+
 TEST(free_large_chunks_are_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
