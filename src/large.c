@@ -299,19 +299,22 @@ static void chunks_release(size_t i, size_t n, size_t used, size_t offset) {
 typedef struct {
   size_t at, cover, waste, len;
 } place_t;
+/* What a search looks for: the block's chunks, the bytes its first and
+ * last chunks use (see chunk_use), and the most committed bytes it can
+ * reuse. */
+typedef struct {
+  size_t n, head, last, most;
+} want_t;
 
 /* Starts (and runs too short) that a search for a block of more than one
  * chunk reads before it takes the best of them. */
 #define FIND_STARTS 64
 
-/* Reads the starts for a block of map_size bytes in free run [i, end) of
- * `len` chunks, one of *left each; true when none anywhere can beat the
- * best. */
-static bool place_in_run(place_t *best, size_t map_size, size_t offset, size_t i, size_t end,
-                         size_t len, size_t *left) {
-  size_t n = chunks_of(map_size), last = chunk_use(map_size, offset, n - 1);
-  size_t head = chunk_use(map_size, offset, 0), use = block_use(map_size, offset);
-  size_t most = use < dirty_bytes ? use : dirty_bytes;
+/* Reads the starts for the block in free run [i, end) of `len` chunks,
+ * one of *left each; true when none anywhere can beat the best. */
+static bool place_in_run(place_t *best, const want_t *w, size_t i, size_t end, size_t len,
+                         size_t *left) {
+  size_t n = w->n, head = w->head, last = w->last, most = w->most;
   /* chunks before the last are covered up to their dirt, the last up to
    * `last` bytes; `full` sums the dirt of the n - 1 before s + n - 1 */
   size_t full = 0;
@@ -347,27 +350,29 @@ static bool place_in_run(place_t *best, size_t map_size, size_t offset, size_t i
  * if there is no room; else *fresh (if not NULL) gets the bytes the block
  * would fault in there. */
 static size_t arena_find(size_t map_size, size_t offset, size_t *fresh) {
-  size_t n = chunks_of(map_size), left = FIND_STARTS;
+  size_t n = chunks_of(map_size), use = block_use(map_size, offset), left = FIND_STARTS;
   place_t best = {SIZE_MAX, 0, 0, 0};
   if (n == 1 && (best.at = dirty_best(map_size)) != SIZE_MAX) {
     best.cover = chunk_covers(best.at, map_size);
     goto found;
   }
+  const want_t w = {n, chunk_use(map_size, offset, 0), chunk_use(map_size, offset, n - 1),
+                    use < dirty_bytes ? use : dirty_bytes};
   for (uint64_t m = run_nonempty[0] & ~(((uint64_t)1 << run_bin(n)) - 1); m && left; m &= m - 1)
     for (uint32_t l = run_head[__builtin_ctzll(m)]; l && left; l = run_next[l - 1]) {
       size_t i = l - 1, end = bit_next(used_bits, i, true);
       if (end - i < n) left--;
-      else if (place_in_run(&best, map_size, offset, i, end, end - i, &left)) goto found;
+      else if (place_in_run(&best, &w, i, end, end - i, &left)) goto found;
     }
   if (best.at == SIZE_MAX || left > 0) {
     size_t i = high > 0 && !bit_get(used_bits, high - 1) ? run_start(high - 1) : high;
     size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
     if (left == 0) left = 1; /* runs too short took them all: one start here */
-    place_in_run(&best, map_size, offset, i, end, SIZE_MAX, &left);
+    place_in_run(&best, &w, i, end, SIZE_MAX, &left);
   }
   if (best.at == SIZE_MAX) return SIZE_MAX;
 found:
-  if (fresh) *fresh = block_use(map_size, offset) - best.cover;
+  if (fresh) *fresh = use - best.cover;
   return best.at;
 }
 

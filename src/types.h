@@ -244,9 +244,10 @@ struct hak_heap_s {
   size_t span_grown;
   uint64_t span_overflowed;
   /* The trims (span.c, trim_unused): the span classes the last one gave
-   * blocks of, those refilled since, and the refills between two. */
+   * blocks of, those refilled since, the refills since, and the refills
+   * between two. */
   uint64_t span_trimmed, span_refilled;
-  uint32_t span_trim_period;
+  uint32_t span_refills, span_trim_period;
   size_t span_given_in_row; /* by overflows that found what the last one left */
   hak_block_t *span_left[HAK_SPAN_CLASSES]; /* each cache's list after its last overflow */
   uint8_t draining;         /* see DRAIN_BYTES (span.c) */
@@ -268,7 +269,6 @@ struct hak_heap_s {
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
   uint32_t refills;          /* slab refills (the owner's), for the purger... */
   uint32_t refills_at_purge; /* ...which saw this many at its last pass */
-  uint32_t span_refills;    /* refills of span classes since the last trim */
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. */
