@@ -1,7 +1,8 @@
-/* Large blocks (> 256 KiB or alignment > 4 KiB). Each starts one page (or
- * its alignment) after a header: in the arena, at a chunk boundary, which
- * free finds through the segment map's HAK_SEGMAP_LARGE (hak_large_header);
- * in a mapping of its own, at a segment boundary, as for slab blocks.
+/* Large blocks (> 256 KiB or alignment > 4 KiB). Each starts 2 KiB after
+ * a header, on the header's page (a block aligned to more: its alignment
+ * after it). The header is in the arena at a chunk boundary, which free
+ * finds through the segment map's HAK_SEGMAP_LARGE (hak_large_header); in
+ * a mapping of its own, at a segment boundary, as for slab blocks.
  *
  * The arena is a reserved range of address space counted in 2 MiB chunks
  * (HAK_LARGE_GRAIN). A freed block leaves its chunks free but still
@@ -174,6 +175,8 @@ static size_t block_use(size_t bytes, size_t offset) {
 }
 /* Bytes of the first `need` of chunk k that may be committed. */
 static size_t chunk_covers(size_t k, size_t need) { return dirt[k] < need ? dirt[k] : need; }
+_Static_assert(offsetof(hak_segment_t, slabs) + sizeof(hak_slab_t) <= HAK_LARGE_OFFSET,
+               "a large header fits below its block");
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_BYTES;

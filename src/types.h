@@ -41,8 +41,9 @@
 #else
 /* Bytes at the start of a segment taken by its header (slab 0 starts after). */
 #define HAK_SEG_HEADER ((size_t)12288)
-/* Large blocks start one page after their header. */
-#define HAK_LARGE_OFFSET HAK_PAGE_SIZE
+/* Large blocks start 2 KiB after their header, on its page: a block the
+ * program touches at its start only costs one page, not two. */
+#define HAK_LARGE_OFFSET ((size_t)2048)
 #define HAK_GUARD_PAGES 0
 #define HAK_CANARY ((size_t)0)
 #endif

@@ -138,6 +138,9 @@ TEST(large_blocks_have_their_own_segment) {
     REQUIRE(seg != NULL);
     CHECK(seg->kind == HAK_KIND_LARGE);
     CHECK(p == (uint8_t *)seg + HAK_LARGE_OFFSET);
+    /* the block starts on its header's page (no guard page between them):
+     * a block used at its start only costs one page */
+    if (!HAK_GUARD_PAGES) CHECK(((uintptr_t)p & ~(uintptr_t)4095) == (uintptr_t)seg);
     CHECK(seg->large_size >= sizes[i]);
     CHECK(hak_segmap_of(p) == HAK_SEGMAP_LARGE); /* the arena's: no unit is read */
     free(p);
@@ -224,10 +227,13 @@ static void start_purger(void) {
   REQUIRE(atomic_load(&hak_purge_running));
 }
 
+/* Resident pages of the bytes / 4096 pages from start's page on (a large
+ * block starts on its header's page, past the header). */
 static int resident_pages(void *start, size_t bytes) {
   unsigned char vec[256];
   size_t pages = bytes / 4096;
-  if (pages > sizeof vec || mincore(start, bytes, vec) != 0) return -1;
+  void *page = (void *)((uintptr_t)start & ~(uintptr_t)4095);
+  if (pages > sizeof vec || mincore(page, bytes, vec) != 0) return -1;
   int n = 0;
   for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
   return n;
