@@ -98,6 +98,24 @@ class Summary(unittest.TestCase):
         self.assertIn("0.50x", txt)
         self.assertIn("1.41x", txt)
 
+    def test_paired_rows_take_the_fastest_peer_round_by_round(self):
+        ss = [sample("w", "hakmem", 0, 1), sample("w", "tcmalloc", 0, 1000)]  # warm-up: ignored
+        for r, (h, mi, tc, sec) in enumerate([(100, 50, 80, 500), (110, 60, 130, 500),
+                                              (90, 40, 95, 500)], 1):
+            ss += [sample("w", "hakmem", r, h), sample("w", "mimalloc", r, mi),
+                   sample("w", "tcmalloc", r, tc), sample("w", "hakmem-secure", r, sec)]
+        allocs = ["hakmem", "mimalloc", "tcmalloc", "hakmem-secure"]
+        cells = hb.summarize(ss)
+        rows = hb.paired_rows(ss, cells, ["w"], allocs, "hakmem")
+        self.assertEqual(len(rows), 2)
+        # tcmalloc's median (95) beats mimalloc's; hakmem-secure is no peer;
+        # per round 100/80, 110/130, 90/95: the median round's pair, not the
+        # ratio of the medians (100/95)
+        self.assertEqual(rows[1][:3], ["w", "tcmalloc", f"{90 / 95:.3f}x"])
+        self.assertEqual(rows[1][3], f"{110 / 130:.2f}-{100 / 80:.2f}")
+        self.assertEqual(hb.paired_rows(ss, cells, ["w"], ["hakmem", "hakmem-secure"], "hakmem"),
+                         [rows[0]])  # no peer, no row
+
     def test_failures_counted(self):
         cells = hb.summarize([sample("w", "a", 1, None, rc=1), sample("w", "a", 2, 5)])
         self.assertEqual((cells[("w", "a")].failures, cells[("w", "a")].n), (1, 1))

@@ -11,6 +11,7 @@ tools (e.g. a `hakmem compare` command).  Pieces, all usable on their own:
   median(), spread(), ratio(), geomean()
   Workload, run_matrix()             interleaved rounds, rotating order
   summarize(), format_table(), write_csv(), write_markdown(), plot_gnuplot()
+  paired_rows()                      the baseline against its best peer, round by round
   Progress                           one-line progress/ETA on stderr
   callgrind_instructions()           instruction counts (bench-instr)
 
@@ -606,6 +607,36 @@ def throughput_rows(cells, workloads, allocs, baseline) -> List[List[str]]:
     return rows
 
 
+# The allocators the baseline is measured against ("the best peer").
+PEERS = ("glibc",) + tuple(KNOWN_PEERS)
+
+
+def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -> List[List[str]]:
+    """Per workload, the peer (of PEERS among allocs) with the highest median
+    ops/s, and the baseline's ops/s over that peer's in each round where both
+    ran: median, then min-max.  A round runs every allocator back to back, so
+    its pair shares the machine's state of that moment, which the medians of
+    the main table, taken over all rounds, do not."""
+    ops = {(s.workload, s.allocator, s.round): s.result.ops_per_s
+           for s in samples if s.round > 0 and s.result.ok}
+    peers = [a for a in allocs if a in PEERS and a != baseline]
+    rows = [[f"workload ({baseline} / best peer, same round)", "best peer", "median", "min-max"]]
+    for w in workloads:
+        med = [(cells[(w, a)].ops_median, a) for a in peers
+               if (w, a) in cells and cells[(w, a)].ops_median is not None]
+        if not med:
+            continue
+        peer = max(med)[1]
+        rounds = sorted({r for (ww, a, r) in ops if ww == w and a == baseline})
+        rs = [ops[(w, baseline, r)] / ops[(w, peer, r)] for r in rounds
+              if (w, peer, r) in ops and ops[(w, peer, r)] > 0]
+        if not rs:
+            continue
+        lo, hi = spread(rs)
+        rows.append([w, peer, f"{median(rs):.3f}x", f"{lo:.2f}-{hi:.2f}"])
+    return rows
+
+
 def rss_rows(cells, workloads, allocs) -> List[List[str]]:
     rows = [["workload (peak RSS MiB / median wall s)"] + list(allocs)]
     for w in workloads:
@@ -665,7 +696,8 @@ def load_samples(path: str) -> List[Sample]:
 
 def write_markdown(path: str, title: str, cells, workloads: Sequence[Workload],
                    allocs: Sequence[Allocator], baseline: str, meta: Dict[str, str],
-                   extra_env: Optional[Dict[str, str]] = None, images: Sequence[str] = ()):
+                   extra_env: Optional[Dict[str, str]] = None, images: Sequence[str] = (),
+                   samples: Sequence[Sample] = ()):
     wn = [w.name for w in workloads]
     an = [a.name for a in allocs]
     out = [f"# {title}", ""]
@@ -673,8 +705,13 @@ def write_markdown(path: str, title: str, cells, workloads: Sequence[Workload],
         out.append(f"- {k}: {v}")
     out += ["", "Throughput: median ops/s over the rounds, ratio = allocator / "
             f"{baseline} (higher is faster), ± = half the min-max spread in % of the median.", "",
-            _table(throughput_rows(cells, wn, an, baseline), True), "",
-            "Peak RSS (max ru_maxrss over the rounds) and median wall time:", "",
+            _table(throughput_rows(cells, wn, an, baseline), True), ""]
+    paired = paired_rows(samples, cells, wn, an, baseline)
+    if len(paired) > 1:
+        out += [f"{baseline} against the fastest peer of each row ({', '.join(PEERS)}), round by "
+                f"round: {baseline}'s ops/s over the peer's in the same round, the median and "
+                "the range over the rounds.", "", _table(paired, True), ""]
+    out += ["Peak RSS (max ru_maxrss over the rounds) and median wall time:", "",
             _table(rss_rows(cells, wn, an), True), ""]
     errs = [c for c in cells.values() if c.error]
     if errs:
