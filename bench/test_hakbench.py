@@ -115,6 +115,8 @@ class Summary(unittest.TestCase):
         self.assertEqual(rows[1][3], f"{110 / 130:.2f}-{100 / 80:.2f}")
         self.assertEqual(hb.paired_rows(ss, cells, ["w"], ["hakmem", "hakmem-secure"], "hakmem"),
                          [rows[0]])  # no peer, no row
+        self.assertIn(f"{90 / 95:.3f}x", hb.format_table(cells, ["w"], allocs, "hakmem", samples=ss))
+        self.assertNotIn("best peer", hb.format_table(cells, ["w"], allocs, "hakmem"))
 
     def test_failures_counted(self):
         cells = hb.summarize([sample("w", "a", 1, None, rc=1), sample("w", "a", 2, 5)])

@@ -175,8 +175,6 @@ static size_t block_use(size_t bytes, size_t offset) {
 }
 /* Bytes of the first `need` of chunk k that may be committed. */
 static size_t chunk_covers(size_t k, size_t need) { return dirt[k] < need ? dirt[k] : need; }
-_Static_assert(offsetof(hak_segment_t, slabs) + sizeof(hak_slab_t) <= HAK_LARGE_OFFSET,
-               "a large header fits below its block");
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_BYTES;
@@ -198,6 +196,8 @@ static void own_mapping_publish(hak_segment_t *s) {
 
 /* Only the fields and slabs[0] of a large header are used: the rest of
  * the struct would overlap the block (or the guard page). */
+_Static_assert(offsetof(hak_segment_t, slabs) + sizeof(hak_slab_t) <= HAK_LARGE_OFFSET,
+               "a large header fits below its block");
 static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool fresh) {
   s->kind = HAK_KIND_LARGE;
   s->map_size = map_size;

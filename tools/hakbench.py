@@ -651,9 +651,16 @@ def rss_rows(cells, workloads, allocs) -> List[List[str]]:
     return rows
 
 
-def format_table(cells, workloads, allocs, baseline, md: bool = False) -> str:
-    return (_table(throughput_rows(cells, workloads, allocs, baseline), md) + "\n\n" +
-            _table(rss_rows(cells, workloads, allocs), md))
+def format_table(cells, workloads, allocs, baseline, md: bool = False,
+                 samples: Sequence[Sample] = ()) -> str:
+    """The throughput table, the round-by-round one if samples are given
+    (and a peer ran), and the RSS table."""
+    out = [_table(throughput_rows(cells, workloads, allocs, baseline), md)]
+    paired = paired_rows(samples, cells, workloads, allocs, baseline)
+    if len(paired) > 1:
+        out.append(_table(paired, md))
+    out.append(_table(rss_rows(cells, workloads, allocs), md))
+    return "\n\n".join(out)
 
 
 CSV_FIELDS = ["workload", "allocator", "round", "position", "ok", "rc", "ops_per_s", "wall_s",
