@@ -117,8 +117,9 @@ out=$(HAKMEM_LEAK=1 python3 bench/run --set tiny --rounds 1 --warmup 0 --only gl
 rc=$?
 csv=$tmp/t.csv
 if [ $rc -eq 0 ] && [ -f "$csv" ] && [ "$(grep -c '^random_mixed tiny,' "$csv")" -eq 2 ] \
-   && grep -q '^random_mixed tiny,hakmem,1,.*,1,0,[0-9]' "$csv" && [ -f "$tmp/t.md" ]; then
-  ok "bench/run end to end (glibc+hakmem, CSV + Markdown)"
+   && grep -q '^random_mixed tiny,hakmem,1,.*,1,0,[0-9]' "$csv" && [ -f "$tmp/t.md" ] \
+   && grep -q '^| random_mixed tiny *| *glibc | [0-9.]*x |' "$tmp/t.md"; then
+  ok "bench/run end to end (glibc+hakmem, CSV + Markdown with the round-by-round table)"
 else
   bad "bench/run end to end (exit $rc)" "$out"
 fi
