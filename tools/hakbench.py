@@ -44,6 +44,8 @@ KNOWN_PEERS = {
     "jemalloc": (DEBIAN_LIBDIR + "/libjemalloc.so.2", "libjemalloc2"),
     "tcmalloc": (DEBIAN_LIBDIR + "/libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
 }
+# The allocators the baseline is measured against ("the best peer").
+PEERS = ("glibc",) + tuple(KNOWN_PEERS)
 
 
 @dataclass
@@ -607,10 +609,6 @@ def throughput_rows(cells, workloads, allocs, baseline) -> List[List[str]]:
     return rows
 
 
-# The allocators the baseline is measured against ("the best peer").
-PEERS = ("glibc",) + tuple(KNOWN_PEERS)
-
-
 def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -> List[List[str]]:
     """Per workload, the peer (of PEERS among allocs) with the highest median
     ops/s, and the baseline's ops/s over that peer's in each round where both
@@ -627,9 +625,8 @@ def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -
         if not med:
             continue
         peer = max(med)[1]
-        rounds = sorted({r for (ww, a, r) in ops if ww == w and a == baseline})
-        rs = [ops[(w, baseline, r)] / ops[(w, peer, r)] for r in rounds
-              if (w, peer, r) in ops and ops[(w, peer, r)] > 0]
+        rs = [x / ops[(w, peer, r)] for (ww, a, r), x in ops.items()
+              if ww == w and a == baseline and ops.get((w, peer, r), 0) > 0]
         if not rs:
             continue
         lo, hi = spread(rs)
