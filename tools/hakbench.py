@@ -617,6 +617,10 @@ def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -
     the main table, taken over all rounds, do not."""
     ops = {(s.workload, s.allocator, s.round): s.result.ops_per_s
            for s in samples if s.round > 0 and s.result.ok}
+    mine: Dict[str, List[Tuple[int, float]]] = {}  # the baseline's rounds, by workload
+    for (w, a, r), x in ops.items():
+        if a == baseline:
+            mine.setdefault(w, []).append((r, x))
     peers = [a for a in allocs if a in PEERS and a != baseline]
     rows = [[f"workload ({baseline} / best peer, same round)", "best peer", "median", "min-max"]]
     for w in workloads:
@@ -625,8 +629,7 @@ def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -
         if not med:
             continue
         peer = max(med)[1]
-        rs = [x / ops[(w, peer, r)] for (ww, a, r), x in ops.items()
-              if ww == w and a == baseline and ops.get((w, peer, r), 0) > 0]
+        rs = [x / ops[(w, peer, r)] for r, x in mine.get(w, []) if ops.get((w, peer, r), 0) > 0]
         if not rs:
             continue
         lo, hi = spread(rs)
