@@ -2,7 +2,8 @@
 # Real Debian programs under LD_PRELOAD=$LIBHAKMEM: each workload runs once
 # with the system allocator and once with hakmem; stdout, stderr and the exit
 # code must be identical. Missing programs are failures (CI installs them:
-# python3 perl coreutils gcc g++ sqlite3 redis-server redis-tools).
+# python3 libpython3.11-testsuite perl coreutils gcc g++ sqlite3 redis-server
+# redis-tools).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -108,6 +109,40 @@ print(len(d), len(back), len(words), "%.6f" % sum(nums), results, h.hexdigest())
 EOF
 if need python3 "$PY"; then
   same python3_dict_json_sort "$PY" "$T/work.py"
+fi
+
+# ------------------------------------------- python3's own regression tests
+# A slice of CPython's test suite (Debian's libpython3.11-testsuite), every
+# object from malloc (PYTHONMALLOC=malloc), in regrtest's worker processes:
+# containers, str and bytes, pickle, gc and weakrefs, threads and queues,
+# mmap, ctypes, fork, wait4 and subprocess. A failure is hakmem's only if the
+# same files pass without it. (The whole suite, 448 files, fails the same 5
+# with and without hakmem on the development machine: environment checks.)
+REGRTESTS="test_dict test_list test_set test_tuple test_bytes test_unicode test_re test_json
+  test_pickle test_marshal test_copy test_gc test_weakref test_thread test_queue test_mmap
+  test_array test_memoryview test_collections test_deque test_heapq test_sort test_itertools
+  test_functools test_struct test_zlib test_hashlib test_decimal test_ctypes test_ast
+  test_compile test_fork1 test_wait4 test_os test_subprocess"
+# regrtest NAME [ENV...]: runs the slice with `env ENV...`; the exit code.
+regrtest() {
+  local name=$1; shift
+  (cd "$T" && timeout 600 env "$@" PYTHONMALLOC=malloc "$PY" -m test -j2 $REGRTESTS \
+    >"$T/$name.out" 2>&1)
+}
+# regrtest_fault NAME: the first failure's report, on one line.
+regrtest_fault() {
+  grep -m1 -A14 -E '^test test_[a-z0-9_]+ (failed|crashed)' "$T/$1.out" | tr '\n' '|'
+}
+if need python3 "$PY"; then
+  if [ ! -f /usr/lib/python3.11/test/regrtest.py ]; then
+    bad python3_regrtest_slice "CPython's test suite is missing (apt-get install libpython3.11-testsuite)"
+  elif regrtest regrtest.hak LD_PRELOAD="$LIBHAKMEM"; then
+    ok python3_regrtest_slice "$(grep -m1 -E '^All [0-9]+ tests OK' "$T/regrtest.hak.out")"
+  elif regrtest regrtest.base; then
+    bad python3_regrtest_slice "fails under hakmem only: $(regrtest_fault regrtest.hak)"
+  else
+    bad python3_regrtest_slice "fails without hakmem too: $(regrtest_fault regrtest.base)"
+  fi
 fi
 
 # ---------------------------------------------------------------- perl
