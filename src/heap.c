@@ -142,11 +142,13 @@ hak_heap_t *hak_heap_get(void) {
   return h;
 }
 
-/* Its thread is done with it: the outboxes go over, the span caches go
- * back, and the lists go back to their slabs. Returns holding its lock. */
+/* Its thread is done with it: the outboxes go over, the span caches and
+ * kept large blocks go back, and the lists go back to their slabs. Returns
+ * holding its lock. */
 static void heap_let_go(hak_heap_t *heap) {
   hak_free_flush_outboxes(heap);
   hak_span_heap_done(heap);
+  hak_large_kept_release(heap, true);
   pthread_mutex_lock(&heap->lock);
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
 }
@@ -361,6 +363,7 @@ bool hak_release_all(void) {
     hak_segment_purge(h, true);
     pthread_mutex_unlock(&h->lock);
     hak_span_drain_collect(h, true);
+    hak_large_kept_release(h, true);
   }
   pthread_mutex_unlock(&hak_heaps_lock);
   hak_segment_purge_abandoned(true);
@@ -380,6 +383,7 @@ bool hak_heaps_purge_due(uint64_t now) {
   pthread_mutex_lock(&hak_heaps_lock);
   for (hak_heap_t *h = heaps_live; h; h = h->next) {
     pending |= hak_span_drain_collect(h, false); /* atomics: needs no lock */
+    pending |= hak_large_kept_release(h, false);
     if (pthread_mutex_trylock(&h->lock) != 0) { /* busy: look again later */
       pending = true;
       continue;

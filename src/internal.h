@@ -362,6 +362,10 @@ void *hak_large_alloc_grown(size_t size, bool small_step);
 void hak_large_free(hak_segment_t *seg);
 void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size);
 bool hak_large_cache_collect(bool force); /* true while some remain */
+/* The heap's kept large blocks go back to the arena: all of them, or only
+ * if none was kept since the last call without force. True while some
+ * remain. */
+bool hak_large_kept_release(hak_heap_t *heap, bool force);
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */

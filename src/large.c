@@ -611,6 +611,80 @@ static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bo
   return seg != NULL ? seg : large_map(map_size, align, offset);
 }
 
+/* A thread's last freed blocks of one chunk at most wait in its heap (up
+ * to HAK_LARGE_KEPT), marked free, for its next large blocks of about
+ * their size: a program that churns blocks of a few hundred KiB then takes
+ * no lock and walks no bins. A large malloc that none of them fits gives
+ * them all back (its sizes moved), and so does the purger once a pass finds
+ * that none was kept since the last one, and the thread's exit. The owner
+ * takes a block with an exchange, which the purger's may beat; only the
+ * owner puts one into an empty place. */
+/* Without a purge delay, or without the purger that gives back what an
+ * idle thread keeps, freed blocks go to the arena at once. */
+static bool kept_eligible(const hak_segment_t *seg) {
+  return !HAK_GUARD_PAGES && seg->large_offset == HAK_LARGE_OFFSET && seg->map_size <= GRAIN &&
+         hak_opt.purge_delay_ms != 0 && hak_opt.purge_thread;
+}
+
+static hak_segment_t *kept_take(hak_heap_t *heap, size_t map_size) {
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) {
+    size_t kept = heap->large_kept_map[k];
+    if (atomic_load_explicit(&heap->large_kept[k], memory_order_relaxed) != NULL &&
+        map_size <= kept && map_size > kept / 2) {
+      hak_segment_t *seg = atomic_exchange_explicit(&heap->large_kept[k], NULL, memory_order_acquire);
+      if (seg != NULL) HAK_STAT_SUB(large_cached, kept);
+      return seg; /* NULL: the purger took it */
+    }
+  }
+  return NULL;
+}
+
+static bool kept_put(hak_heap_t *heap, hak_segment_t *seg) {
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) {
+    if (atomic_load_explicit(&heap->large_kept[k], memory_order_relaxed) == NULL) {
+      HAK_STAT_ADD(large_cached, seg->map_size);
+      heap->large_kept_map[k] = seg->map_size;
+      atomic_store_explicit(&heap->large_kept[k], seg, memory_order_release);
+      atomic_store_explicit(&heap->large_kept_moved, 1, memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
+static bool kept_any(hak_heap_t *heap) {
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++)
+    if (atomic_load_explicit(&heap->large_kept[k], memory_order_relaxed) != NULL) return true;
+  return false;
+}
+
+/* Under hak_large_lock: the chunks of a freed block are free. */
+static void release_locked(hak_segment_t *seg) {
+  chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size, seg->large_offset);
+  if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0, 0);
+  else arena_trim_locked();
+}
+
+bool hak_large_kept_release(hak_heap_t *heap, bool force) {
+  if (!kept_any(heap)) return false;
+  if (atomic_exchange_explicit(&heap->large_kept_moved, 0, memory_order_relaxed) && !force) return true;
+  hak_segment_t *taken[HAK_LARGE_KEPT];
+  size_t n = 0;
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) {
+    hak_segment_t *seg = atomic_exchange_explicit(&heap->large_kept[k], NULL, memory_order_acquire);
+    if (seg != NULL) taken[n++] = seg;
+  }
+  if (n == 0) return false;
+  pthread_mutex_lock(&hak_large_lock);
+  for (size_t i = 0; i < n; i++) {
+    HAK_STAT_SUB(large_cached, taken[i]->map_size);
+    release_locked(taken[i]);
+  }
+  pthread_mutex_unlock(&hak_large_lock);
+  hak_purge_wake();
+  return false;
+}
+
 static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool whole) {
   if (size > PTRDIFF_MAX - 2 * HAK_SEG_SIZE - align) {
     errno = ENOMEM;
@@ -624,7 +698,14 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
                   : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
   size_t map_size = page_up(offset + size);
-  hak_segment_t *seg = large_get(map_size, align, offset, whole);
+  hak_heap_t *heap = hak_tls_heap;
+  hak_segment_t *seg = NULL;
+  /* calloc leaves them to malloc: the arena may have zero pages for it,
+   * where a kept block is cleared by hand (large's peak RSS was 116 MiB
+   * instead of 112 when calloc took them) */
+  if (offset == HAK_LARGE_OFFSET && !zero && (seg = kept_take(heap, map_size)) == NULL)
+    hak_large_kept_release(heap, true);
+  if (seg == NULL) seg = large_get(map_size, align, offset, whole);
   /* Out of memory (or address space): what waits for a purge, in a cache
    * or for the purger's unmap goes back to the OS, and one more try, unless
    * the request is more than all hakmem holds (a probe for a huge size). */
@@ -675,10 +756,14 @@ void hak_large_free(hak_segment_t *seg) {
   if (HAK_GUARD_PAGES) /* the chunks may hold any block next */
     hak_os_guard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, false);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
+  hak_heap_t *heap = hak_tls_heap;
+  if (heap != &hak_heap_empty && kept_eligible(seg) && kept_put(heap, seg)) {
+    hak_purge_wake();
+    hak_purge_start();
+    return;
+  }
   pthread_mutex_lock(&hak_large_lock);
-  chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size, seg->large_offset);
-  if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0, 0);
-  else arena_trim_locked();
+  release_locked(seg);
   pthread_mutex_unlock(&hak_large_lock);
   hak_purge_wake();
   hak_purge_start();
@@ -728,6 +813,8 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
   if (size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
     size_t new_map = page_up(offset + size);
     if (in_arena(seg)) {
+      /* the chunks of kept blocks may be where it grows */
+      if (new_map > seg->map_size) hak_large_kept_release(hak_tls_heap, true);
       if (new_map <= ARENA_MAX_BLOCK) r = arena_resize(seg, new_map);
     } else if (offset == HAK_LARGE_OFFSET && size > old_size) {
       /* shrinking copies into a smaller block instead */

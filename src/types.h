@@ -78,6 +78,7 @@ enum {
  * than a segment, and a whole page table for each chunk mremap moves. */
 #define HAK_LARGE_GRAIN_SHIFT 21
 #define HAK_LARGE_GRAIN ((size_t)1 << HAK_LARGE_GRAIN_SHIFT)
+#define HAK_LARGE_KEPT 4 /* freed large blocks a heap keeps for its next ones */
 #define HAK_SMALL_CLASSES 32
 #define HAK_SLAB_CLASSES 43 /* classes below live in slabs, the others in spans */
 #define HAK_CLASSES 62
@@ -258,6 +259,13 @@ struct hak_heap_s {
   _Atomic(hak_block_t *) drain_open[HAK_SPAN_CLASSES];
   uint8_t drain_count[HAK_SPAN_CLASSES];
   _Atomic uint8_t drain_moved;
+  /* The thread's last freed large blocks of one chunk (large.c: kept), the
+   * mapped size of each (read by the owner only: the purger may take a
+   * block and the arena reuse its header), and whether one was put there
+   * since the purger's last pass. */
+  _Atomic(hak_segment_t *) large_kept[HAK_LARGE_KEPT];
+  size_t large_kept_map[HAK_LARGE_KEPT];
+  _Atomic uint8_t large_kept_moved;
   /* Of a span class: the blocks its last refill took are zero memory, so
    * calloc clears only their link words. Slab classes leave it 0. */
   uint8_t clean[HAK_CLASSES];

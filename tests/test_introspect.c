@@ -159,16 +159,18 @@ static int purge_child(void) {
 }
 
 /* The same for threads that churn, free everything and then stay alive
- * without another call: what their heaps and span caches hold must go back
- * too (slab blocks of 300 B and span blocks of 20 KiB, freed in rounds so
- * that the caches grow to their bounds). */
+ * without another call: what their heaps, span caches and kept large
+ * blocks hold must go back too (slab blocks of 300 B, span blocks of 20 KiB
+ * and large blocks of 1 MiB, freed in rounds so that the caches grow to
+ * their bounds). */
 enum { IDLE_THREADS = 4 };
 static pthread_barrier_t idle_done, idle_release;
 static void *churn_then_idle(void *arg) {
   for (int round = 0; round < 4; round++) {
-    void **a = fill(40000, 300), **b = fill(1000, 20000);
+    void **a = fill(40000, 300), **b = fill(1000, 20000), **c = fill(8, 1 << 20);
     drain(a, 40000);
     drain(b, 1000);
+    drain(c, 8);
   }
   pthread_barrier_wait(&idle_done);
   pthread_barrier_wait(&idle_release); /* idle, alive, until the main thread has measured */
@@ -189,7 +191,7 @@ static int idle_threads_child(void) {
   for (int i = 0; i < IDLE_THREADS; i++) pthread_join(t[i], NULL);
   printf("    VmRSS: start %ld, just freed %ld, 1.2 s later %ld KiB (4 idle threads, delay 200 ms)\n",
          start, just_freed, later);
-  /* Each thread filled 31 MiB at once; 4 MiB in all may stay (a slab per
+  /* Each thread filled 39 MiB at once; 4 MiB in all may stay (a slab per
    * class and thread, the threads' stacks). */
   return later - start < 4 * 1024 ? 0 : 1;
 }

@@ -326,6 +326,7 @@ TEST(a_freed_large_block_past_many_live_ones_is_reused) {
  * among the chunks that cover it all, where the least is left over. */
 TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
   hak_opt.purge_delay_ms = 100000;
+  hak_opt.purge_thread = 0; /* no block is kept (large.c): the arena places them all */
   enum { N = 5 };
   const size_t kib = 1024, sizes[N] = {520 * kib, 560 * kib, 600 * kib, 280 * kib, 300 * kib};
   uint8_t *b[N], *c[N + 1];
@@ -340,6 +341,35 @@ TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
   c[5] = malloc(900 * kib);
   for (int i = 0; i < N; i++) CHECK(c[5] != b[i]);
   for (int i = 0; i <= N; i++) free(c[i]);
+}
+
+/* A thread's freed blocks of one chunk wait for its next large blocks of
+ * about their size; a size none of them fits gives them all back. */
+TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_heap_t *heap = hak_heap_get();
+  REQUIRE(heap != NULL);
+  hak_large_kept_release(heap, true);
+  uint8_t *a = malloc(300000), *b = malloc(1 << 20);
+  REQUIRE(a && b);
+  free(a);
+  free(b);
+  CHECK(hak_slab_state(&hak_large_header(a)->slabs[0]) == HAK_SLAB_FREE); /* a double free shows */
+  size_t kept = 0;
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) {
+    hak_segment_t *seg = atomic_load(&heap->large_kept[k]);
+    kept += seg == hak_large_header(a) || seg == hak_large_header(b);
+  }
+  CHECK(kept == 2);
+  uint8_t *c = malloc(600000), *d = malloc(290000);
+  CHECK(c == b); /* fits in b, and asks for more than half of it */
+  CHECK(d == a);
+  free(c);
+  free(d);
+  uint8_t *e = malloc(3 << 19); /* more than either holds */
+  REQUIRE(e != NULL);
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) CHECK(atomic_load(&heap->large_kept[k]) == NULL);
+  free(e);
 }
 
 TEST(adjacent_free_large_blocks_merge) {
