@@ -618,9 +618,9 @@ static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bo
  * them all back (its sizes moved), and so does the purger once a pass finds
  * that none was kept since the last one, and the thread's exit. The owner
  * takes a block with an exchange, which the purger's may beat; only the
- * owner puts one into an empty place. */
-/* Without a purge delay, or without the purger that gives back what an
- * idle thread keeps, freed blocks go to the arena at once. */
+ * owner puts one into an empty place. Without a purge delay, or without
+ * the purger that gives back what an idle thread keeps, freed blocks go to
+ * the arena at once. */
 static bool kept_eligible(const hak_segment_t *seg) {
   return !HAK_GUARD_PAGES && seg->large_offset == HAK_LARGE_OFFSET && seg->map_size <= GRAIN &&
          hak_opt.purge_delay_ms != 0 && hak_opt.purge_thread;
@@ -757,14 +757,11 @@ void hak_large_free(hak_segment_t *seg) {
     hak_os_guard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, false);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   hak_heap_t *heap = hak_tls_heap;
-  if (heap != &hak_heap_empty && kept_eligible(seg) && kept_put(heap, seg)) {
-    hak_purge_wake();
-    hak_purge_start();
-    return;
+  if (heap == &hak_heap_empty || !kept_eligible(seg) || !kept_put(heap, seg)) {
+    pthread_mutex_lock(&hak_large_lock);
+    release_locked(seg);
+    pthread_mutex_unlock(&hak_large_lock);
   }
-  pthread_mutex_lock(&hak_large_lock);
-  release_locked(seg);
-  pthread_mutex_unlock(&hak_large_lock);
   hak_purge_wake();
   hak_purge_start();
 }
