@@ -77,9 +77,11 @@ static size_t pool_total;
  * all threads' caches holds 8 threads that each churn 1000 blocks of 16 B
  * to 64 KiB: at 64 MiB their classes went through the page heap's lock
  * (0.67x the speed), and its re-carved blocks touched new pages (110 MiB
- * against 46). */
+ * against 46). A class's bound holds the swing of a few hundred slots of
+ * 64-256 KiB blocks (at 4 MiB, 16 blocks of 256 KiB, their loops spent a
+ * tenth of their time refilling and overflowing a block at a time). */
 #define BATCH_BYTES ((size_t)64 * 1024)
-#define CACHE_CLASS_BYTES ((size_t)4 << 20)
+#define CACHE_CLASS_BYTES ((size_t)16 << 20)
 #define CACHE_THREAD_BYTES ((size_t)24 << 20)
 #define CACHE_ALL_BYTES ((size_t)128 << 20)
 static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
@@ -103,6 +105,12 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
  * one that frees in batches drains while its caches are smaller than a
  * batch, but they keep growing, and stop overflowing once they hold one. */
 #define DRAIN_BYTES ((size_t)4 << 20)
+/* A refill that took pages never used or purged (the page heap had no
+ * dirty run that fits) trims the caches when they hold more than this: the thread may have moved on to other sizes, and what the caches
+ * of the sizes it left do not use is memory the refills can take instead
+ * of new pages. Below it, such refills are a thread's caches filling up,
+ * which trims would only cut back. */
+#define TRIM_FRESH_BYTES ((size_t)4 << 20)
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
 static inline unsigned batch_of(size_t cls) {
@@ -792,6 +800,14 @@ static void trim_unused(hak_heap_t *heap) {
   if (give) give_list(give);
 }
 
+/* Bytes in the heap's caches. */
+static size_t caches_bytes(const hak_heap_t *heap) {
+  size_t bytes = 0;
+  for (size_t cls = HAK_SLAB_CLASSES; cls < HAK_SLAB_CLASSES + HAK_SPAN_CLASSES; cls++)
+    bytes += (size_t)cache_count(heap, cls) * hak_class_size[cls];
+  return bytes;
+}
+
 /* The heap's empty cache of cls takes list, n blocks, zero memory if clean. */
 static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, unsigned n, bool clean) {
   size_t c = cls - HAK_SLAB_CLASSES;
@@ -862,6 +878,8 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
      * or for the purger's unmap, and look again. */
     hak_release_all();
     cache_fill(heap, cls, batch_of(cls));
+  } else if (heap->clean[cls] && caches_bytes(heap) > TRIM_FRESH_BYTES) {
+    trim_unused(heap);
   }
   void *b = hak_span_pop(heap, cls);
   HAK_SLOW_END();

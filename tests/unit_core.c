@@ -1526,9 +1526,8 @@ TEST(span_freed_by_another_thread_goes_to_its_cache_and_back_at_exit) {
 }
 
 /* Grows this thread's caches of the seven classes from 96 KiB up as far
- * as they go (48 blocks of each are more than the 4 MiB a class may hold;
- * all seven would be 28 MiB): each round overflows them, then runs them
- * dry. */
+ * as they go (48 blocks of each: 4.5 to 12 MiB a class, 55 MiB for the
+ * seven): each round overflows them, then runs them dry. */
 static void grow_span_caches(void) {
   enum { N = 48, K = 7 };
   static const size_t sizes[K] = {98304, 114688, 131072, 163840, 196608, 229376, 262144};
@@ -1680,9 +1679,9 @@ static unsigned grow_span_cache(size_t cls, void **ps, int n) {
  * blocks of any class may take its pages: in the transfer it waited past
  * the thread's bound, for this class alone. */
 TEST(a_cache_that_may_grow_no_more_overflows_to_the_page_heap) {
-  /* the cache holds 25 blocks (4 MiB); 15 overflows in a row are not
+  /* the cache holds 102 blocks (16 MiB); 18 overflows in a row are not
    * 4 MiB given back: not a thread that drains */
-  enum { N = 40 };
+  enum { N = 120 };
   size_t size = 160000, cls = hak_size_class(size);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
@@ -1702,13 +1701,13 @@ TEST(a_cache_that_may_grow_no_more_overflows_to_the_page_heap) {
  * between the overflows: it keeps its caches (given 8 MiB in a row, a
  * thread that only frees drains). */
 TEST(a_thread_whose_use_swings_does_not_drain) {
-  enum { N = 64, CYCLES = 4, TAKE = 4, OVER = 8 };
+  enum { N = 112, CYCLES = 4, TAKE = 4, OVER = 8 };
   size_t size = 250000, cls = hak_size_class(size);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
   unsigned max = grow_span_cache(cls, ps, N);
-  REQUIRE(max + CYCLES * OVER + TAKE <= N);
+  REQUIRE(max + CYCLES * (TAKE + OVER) <= N);
   int next = 0;
   while (next < (int)max) free(ps[next++]); /* the cache is full */
   for (int k = 0; k < CYCLES; k++) {
@@ -1717,6 +1716,34 @@ TEST(a_thread_whose_use_swings_does_not_drain) {
     CHECK_MSG(!hak_tls_heap->draining, "drained in cycle %d", k);
   }
   CHECK_MSG(cache_len(cls) == max, "%zu blocks cached, bound %u", cache_len(cls), max);
+}
+
+/* A refill that takes pages never used (or purged) while the thread's
+ * caches hold more than 4 MiB trims them: a thread that has moved from one
+ * size to another takes the pages the first size's cache did not use, not
+ * new ones, without waiting for the next trim of its period. */
+TEST(a_fresh_refill_trims_the_caches_of_sizes_left) {
+  enum { N = 48 }; /* 12 MiB of 256 KiB blocks */
+  size_t size = 250000, cls = hak_size_class(size);
+  static void *ps[N];
+  hak_opt.purge_delay_ms = 100000;
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  REQUIRE(grow_span_cache(cls, ps, N) >= N); /* the page heap holds no dirty run */
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(cache_len(cls) == N);
+  hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
+  void *b[3];
+  /* The first trim finds the cache ran dry before it; the second gives back
+   * three quarters of what it held since, unused; the third block takes
+   * one of those. */
+  for (int i = 0; i < 3; i++) REQUIRE((b[i] = malloc(100000)) != NULL);
+  CHECK_MSG(cache_len(cls) == N / 4, "%zu blocks of 256 KiB cached", cache_len(cls));
+  bool reused = false;
+  for (int i = 0; i < N; i++)
+    reused |= (char *)b[2] >= (char *)ps[i] && (char *)b[2] < (char *)ps[i] + size;
+  CHECK_MSG(reused, "%p: new pages", b[2]);
+  for (int i = 0; i < 3; i++) free(b[i]);
+  flush_span_caches();
 }
 
 /* The next span refill trims the caches (the last of a trim period). */
