@@ -239,16 +239,6 @@ static inline bool slab_has_freed(const hak_slab_t *slab) {
          atomic_load_explicit(&slab->remote, memory_order_relaxed) != NULL;
 }
 
-/* Whether at least n blocks wait on the slab's lists. The remote list only
- * grows at its head, and only the owner (the caller) takes it. */
-static bool slab_freed_at_least(const hak_slab_t *slab, size_t n) {
-  for (const hak_block_t *b = slab->local_free; b != NULL && n > 0; b = hak_next(b)) n--;
-  for (const hak_block_t *b = atomic_load_explicit(&slab->remote, memory_order_acquire);
-       b != NULL && n > 0; b = hak_next(b))
-    n--;
-  return n == 0;
-}
-
 /* All free blocks of the slab as one list for the heap, or NULL. The
  * remote list goes out whole, uncounted (slab_all_out sets used): a count
  * would walk every block, lines another thread wrote last, before malloc
@@ -444,20 +434,23 @@ static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
   return (unsigned)(units < most ? units : most);
 }
 
-/* Slabs of a class a refill looks at for freed blocks before carving. */
-#define HAK_REFILL_SCAN 4
+/* Slabs of a class a refill looks at for freed blocks before carving. A
+ * random loop over 4,096 slots of 4-4.5 KiB blocks keeps them in 10 slabs
+ * of up to 1 MiB: looking at 4 of them for a carve's worth, it carved a
+ * fifth more blocks than it ever had live (11.8 MiB against mimalloc's
+ * 10.2; 10.3 now). */
+#define HAK_REFILL_SCAN 16
 
 /* When the class's current slab has no freed block, one of the next few
- * slabs with at least a carve's worth, whose blocks come before carving;
- * else NULL. Carving touches memory, and a thread that took over an exited
- * one's slabs would otherwise keep both sets (larson). */
-static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
+ * slabs that has, whose blocks come before carving; else NULL. Carving
+ * touches memory, and a thread that took over an exited one's slabs would
+ * otherwise keep both sets (larson). */
+static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q) {
   hak_slab_t *cur = q->first;
   if (cur == NULL || slab_has_freed(cur)) return NULL;
-  size_t batch = carve_batch(hak_class_size[cls]);
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++)
-    if (slab_freed_at_least(s, batch)) return s;
+    if (slab_has_freed(s)) return s;
   return NULL;
 }
 
@@ -481,7 +474,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
    * refills while its FULL slabs held the blocks that came back. */
   heap_revive_full(heap);
   hak_slab_queue_t *q = &heap->queue[cls];
-  hak_slab_t *freed = freed_elsewhere(q, cls);
+  hak_slab_t *freed = freed_elsewhere(q);
   if (freed) queue_move_front(q, freed); /* the current slab stays attached */
   bool released = false;
   for (int round = 0;; round++) {
