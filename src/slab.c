@@ -441,13 +441,25 @@ static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
  * 10.2), while the slabs further back held the most. */
 #define HAK_REFILL_SCAN 16
 
+/* Blocks on the slab's remote list, counted up to n. The list only grows
+ * at its head, and only the owner (the caller) takes it. */
+static uint32_t remote_count(const hak_slab_t *slab, uint32_t n) {
+  uint32_t k = 0;
+  for (const hak_block_t *b = atomic_load_explicit(&slab->remote, memory_order_acquire);
+       b != NULL && k < n; b = hak_next(b))
+    k++;
+  return k;
+}
+
 /* When the class's current slab has no freed block, the one of the next
- * few with the most blocks freed by the owner, if a carve's worth: its
- * blocks come before carving; else NULL. Carving touches memory, and a
- * thread that took over an exited one's slabs would otherwise keep both
- * sets (larson). A slab with fewer would hand the heap a short list and
- * take an attached place, each refill another (7 KiB blocks over 4,096
- * slots: ten times the refills taking the first with any, 0.84x). */
+ * few with the most freed blocks, if a carve's worth: its blocks come
+ * before carving; else NULL. Carving touches memory, and a thread that
+ * took over an exited one's slabs (larson), or whose blocks other threads
+ * free (xmalloc), would otherwise keep both sets. A slab with fewer would
+ * hand the heap a short list and take an attached place, each refill
+ * another (7 KiB blocks over 4,096 slots: ten times the refills taking the
+ * first with any, 0.84x). The owner's frees are counted without a walk
+ * (reserved - used); other threads' only as far as they could win. */
 static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   hak_slab_t *cur = q->first, *best = NULL;
   if (cur == NULL || slab_has_freed(cur)) return NULL;
@@ -455,6 +467,7 @@ static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++) {
     uint32_t freed = slab_attached(s) ? 0 : s->reserved - s->used; /* on local_free */
+    if (freed <= most) freed += remote_count(s, most + 1 - freed);
     if (freed > most) {
       most = freed;
       best = s;

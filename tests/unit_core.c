@@ -892,13 +892,12 @@ TEST(a_refill_takes_remote_frees_of_full_slabs_before_carving) {
   run_thread(full_slab_revived_before_carving, NULL);
 }
 
-/* Before carving, a refill takes the blocks the owner freed into the one
- * of the class's next 15 slabs that has the most, if a carve's worth: with
+/* Before carving, a refill takes the blocks freed into the one of the
+ * class's next 15 slabs that has the most, if a carve's worth: with
  * the frees of a random loop spread over a class's slabs, carving on
  * touched a fifth more blocks than were ever live, and a slab with a block
  * or two would make each refill another. */
 static void *most_freed_taken_before_carving(void *arg) {
-  (void)arg;
   enum { MAX = 4000, SIZE = 3000, SLABS = 5, MANY = 6 }; /* a carve is 4 */
   static void *ps[MAX];
   hak_slab_t *seen[SLABS];
@@ -911,18 +910,24 @@ static void *most_freed_taken_before_carving(void *arg) {
     for (hak_slab_t *s = hak_tls_heap->full[cls].first; s != NULL && k < SLABS; s = s->next)
       seen[k++] = s;
   }
-  /* one block back into each of the first four, MANY into the last: the
-   * first four come back on the queue ahead of it */
+  /* one block back into each (they come back on the queue in that order),
+   * then MANY more into the last, by this thread or another */
   static void *many[MANY];
   for (int j = 0; j < SLABS; j++) {
-    int want = j < SLABS - 1 ? 1 : MANY;
+    int want = j < SLABS - 1 ? 1 : 1 + MANY;
     for (int i = 0; i < n && want > 0; i++)
       if (ps[i] != NULL && slab_of_ptr(ps[i]) == seen[j]) {
-        if (j == SLABS - 1) many[MANY - want] = ps[i];
-        free(ps[i]);
+        if (j == SLABS - 1 && want <= MANY) many[MANY - want] = ps[i];
+        else free(ps[i]);
         ps[i] = NULL;
         want--;
       }
+  }
+  if (*(bool *)arg) {
+    batch_t b = {many, MANY};
+    run_thread(free_batch, &b); /* onto the slab's remote list */
+  } else {
+    for (int j = 0; j < MANY; j++) free(many[j]);
   }
   n = use_up_list(cls, SIZE, ps, n, MAX);
   hak_slab_t *cur = hak_tls_heap->queue[cls].first;
@@ -930,16 +935,22 @@ static void *most_freed_taken_before_carving(void *arg) {
   REQUIRE(cur->next != NULL && cur->next != seen[SLABS - 1]); /* a slab of one block first */
   uint32_t carved = cur->reserved;
   void *p = malloc(SIZE);
-  bool reused = false;
-  for (int j = 0; j < MANY; j++) reused |= p == many[j];
-  CHECK_MSG(reused, "the refill took %p, not a block of the slab with the most", p);
+  CHECK_MSG(slab_of_ptr(p) == seen[SLABS - 1], "the refill took %p, not a block of the slab with the most", p);
   CHECK(cur->reserved == carved);
   free(p);
   for (int i = 0; i < n; i++) free(ps[i]);
   return NULL;
 }
 TEST(a_refill_takes_the_slab_with_the_most_freed_before_carving) {
-  run_thread(most_freed_taken_before_carving, NULL);
+  bool remote = false;
+  run_thread(most_freed_taken_before_carving, &remote);
+}
+
+/* The same with the blocks freed by another thread: a producer whose
+ * consumers free its blocks would otherwise carve while they wait. */
+TEST(a_refill_counts_other_threads_frees_before_carving) {
+  bool remote = true;
+  run_thread(most_freed_taken_before_carving, &remote);
 }
 
 TEST(remote_frees_are_collected_by_owner) {
