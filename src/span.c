@@ -106,10 +106,11 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
  * batch, but they keep growing, and stop overflowing once they hold one. */
 #define DRAIN_BYTES ((size_t)4 << 20)
 /* A refill that took pages never used or purged (the page heap had no
- * dirty run that fits) trims the caches when they hold more than this: the thread may have moved on to other sizes, and what the caches
- * of the sizes it left do not use is memory the refills can take instead
- * of new pages. Below it, such refills are a thread's caches filling up,
- * which trims would only cut back. */
+ * dirty run that fits) trims the caches when they hold more than this:
+ * the thread may have moved on to other sizes, and what the caches of the
+ * sizes it left do not use is memory the refills can take instead of new
+ * pages. Below it, such refills are a thread's caches filling up, which
+ * trims would only cut back. */
 #define TRIM_FRESH_BYTES ((size_t)4 << 20)
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }

@@ -935,7 +935,8 @@ static void *most_freed_taken_before_carving(void *arg) {
   REQUIRE(cur->next != NULL && cur->next != seen[SLABS - 1]); /* a slab of one block first */
   uint32_t carved = cur->reserved;
   void *p = malloc(SIZE);
-  CHECK_MSG(slab_of_ptr(p) == seen[SLABS - 1], "the refill took %p, not a block of the slab with the most", p);
+  CHECK_MSG(slab_of_ptr(p) == seen[SLABS - 1],
+            "the refill took %p, not a block of the slab with the most", p);
   CHECK(cur->reserved == carved);
   free(p);
   for (int i = 0; i < n; i++) free(ps[i]);
