@@ -34,16 +34,17 @@ static inline void slab_detach(hak_slab_t *slab, uint32_t used) {
   slab->used = used;
 }
 
-static size_t list_length(const hak_block_t *list) {
+/* Blocks on list, counted up to most. */
+static size_t list_length(const hak_block_t *list, size_t most) {
   size_t n = 0;
-  for (; list != NULL; list = hak_next(list)) n++;
+  for (; list != NULL && n < most; list = hak_next(list)) n++;
   return n;
 }
 
 /* The blocks of an attached slab that are out (used counts none of them
  * while it is attached): the reserved ones not on its local_free. */
 static uint32_t slab_count_out(const hak_slab_t *slab) {
-  return slab->reserved - (uint32_t)list_length(slab->local_free);
+  return slab->reserved - (uint32_t)list_length(slab->local_free, SIZE_MAX);
 }
 
 void hak_queue_push_front(hak_slab_queue_t *q, hak_slab_t *s) {
@@ -328,8 +329,7 @@ bool hak_slab_release_idle_full(hak_heap_t *heap, size_t *budget) {
       s->remote_seen = head;
       /* Blocks only join the list at its head, and none can after the
        * last one of the slab: counting it needs no exchange first. */
-      uint32_t n = 0;
-      for (hak_block_t *b = head; b != NULL && n <= s->used; b = hak_next(b)) n++;
+      uint32_t n = (uint32_t)list_length(head, (size_t)s->used + 1);
       *budget -= n < *budget ? n : *budget;
       if (n != s->used) continue;
       hak_slab_collect_remote(s);
@@ -441,16 +441,6 @@ static unsigned slab_units(const hak_heap_t *heap, size_t cls) {
  * 10.2), while the slabs further back held the most. */
 #define HAK_REFILL_SCAN 16
 
-/* Blocks on the slab's remote list, counted up to n. The list only grows
- * at its head, and only the owner (the caller) takes it. */
-static uint32_t remote_count(const hak_slab_t *slab, uint32_t n) {
-  uint32_t k = 0;
-  for (const hak_block_t *b = atomic_load_explicit(&slab->remote, memory_order_acquire);
-       b != NULL && k < n; b = hak_next(b))
-    k++;
-  return k;
-}
-
 /* When the class's current slab has no freed block, the one of the next
  * few with the most freed blocks, if a carve's worth: its blocks come
  * before carving; else NULL. Carving touches memory, and a thread that
@@ -467,7 +457,9 @@ static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   unsigned n = 1;
   for (hak_slab_t *s = cur->next; s != NULL && n < HAK_REFILL_SCAN; s = s->next, n++) {
     uint32_t freed = slab_attached(s) ? 0 : s->reserved - s->used; /* on local_free */
-    if (freed <= most) freed += remote_count(s, most + 1 - freed);
+    if (freed <= most) /* the remote list only grows at its head; only the owner takes it */
+      freed += (uint32_t)list_length(atomic_load_explicit(&s->remote, memory_order_acquire),
+                                     most + 1 - freed);
     if (freed > most) {
       most = freed;
       best = s;
