@@ -150,6 +150,15 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }
 
+/* A thread without a heap frees a block of a parked heap: it takes that
+ * heap, whose blocks it was likely handed (a worker that follows another),
+ * and frees the block as the owner. False if the heap is not parked. */
+HAK_NOINLINE static bool free_adopting(hak_heap_t *owner, void *p) {
+  if (!__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) || !hak_heap_adopt(owner)) return false;
+  hak_free_inline(p);
+  return true;
+}
+
 /* The common case first, in few registers: a block of another live
  * thread's slab. */
 HAK_NOINLINE void hak_free_generic(void *p) {
@@ -159,6 +168,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
+    if (HAK_UNLIKELY(heap == &hak_heap_empty) && free_adopting(owner, p)) return;
     hak_slab_t *slab = hak_slab_of(seg, p);
     check_block_shared(slab, p);
     hak_block_check_free(p, slab->block_size);

@@ -13,7 +13,8 @@ static hak_heap_t *heaps_live;
 /* FIFO: a new thread takes the heap parked longest, whose blocks have had
  * the most time to be freed; it fills their holes instead of carving new
  * memory beside blocks still in use (larson 4t 10-1000: 15.1 MiB peak,
- * 16.8 taking the one parked last). */
+ * 16.8 taking the one parked last). A thread whose first call frees a
+ * parked heap's block takes that heap instead (free.c: free_adopting). */
 static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static hak_heap_t *heaps_pool;
 static uint8_t *pool_cursor;
@@ -49,6 +50,14 @@ static hak_heap_t *parked_unlink(hak_heap_t **pp) {
   return h;
 }
 
+/* The link to h in the parked list; NULL if a new thread or the purger
+ * has taken it. */
+static hak_heap_t **parked_link(const hak_heap_t *h) {
+  for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
+    if (*pp == h) return pp;
+  return NULL;
+}
+
 /* The heap's ACTIVE slabs take token as their owner (0 while parked). */
 static void queue_owners(hak_heap_t *h, uintptr_t token) {
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
@@ -64,22 +73,30 @@ static void heap_unpark(hak_heap_t *h) {
   pthread_mutex_unlock(&h->lock);
 }
 
-/* A heap for the thread of token: an empty parked heap, else the one parked
- * longest, else a new one;
+/* A heap for the thread of token: want if given (NULL if it is no longer
+ * parked), else an empty parked heap, else the one parked longest, else a
+ * new one;
  * *stale is set to a live heap left with the same token by a dead thread
  * whose pointer this one reuses. */
-static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t **stale) {
+static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t *want, hak_heap_t **stale) {
   pthread_mutex_lock(&hak_heaps_lock);
   *stale = NULL;
-  for (hak_heap_t *l = heaps_live; l; l = l->next)
-    if (l->token == token) *stale = l;
   hak_heap_t **pp = &heaps_parked;
-  for (hak_heap_t **e = pp; *e; e = &(*e)->parked_next) {
-    if ((*e)->parked_empty) {
-      pp = e;
-      break;
+  if (want) {
+    if (!(pp = parked_link(want))) {
+      pthread_mutex_unlock(&hak_heaps_lock);
+      return NULL;
+    }
+  } else {
+    for (hak_heap_t **e = pp; *e; e = &(*e)->parked_next) {
+      if ((*e)->parked_empty) {
+        pp = e;
+        break;
+      }
     }
   }
+  for (hak_heap_t *l = heaps_live; l; l = l->next)
+    if (l->token == token) *stale = l;
   hak_heap_t *h = *pp ? parked_unlink(pp) : NULL;
   if (h) {
     h->token = token;
@@ -124,12 +141,11 @@ static void heap_struct_free(hak_heap_t *h) {
   pthread_mutex_unlock(&hak_heaps_lock);
 }
 
-hak_heap_t *hak_heap_get(void) {
-  hak_heap_t *h = hak_tls_heap;
-  if (h != &hak_heap_empty) return h;
-  hak_process_init();
+/* The thread's heap: want (a parked heap) if given and still parked, else
+ * any parked heap or a new one. */
+static hak_heap_t *heap_install(hak_heap_t *want) {
   hak_heap_t *stale;
-  h = heap_struct_alloc(hak_thread_token(), &stale);
+  hak_heap_t *h = heap_struct_alloc(hak_thread_token(), want, &stale);
   if (h != NULL) hak_tls_heap = h; /* first: retiring may allocate */
   /* Its slabs would pass our free's owner test: a thread that allocated
    * again after its exit handler ran (or exited before the key existed)
@@ -141,6 +157,15 @@ hak_heap_t *hak_heap_get(void) {
     pthread_setspecific(hak_thread_key, h);
   return h;
 }
+
+hak_heap_t *hak_heap_get(void) {
+  hak_heap_t *h = hak_tls_heap;
+  if (h != &hak_heap_empty) return h;
+  hak_process_init();
+  return heap_install(NULL);
+}
+
+bool hak_heap_adopt(hak_heap_t *parked) { return heap_install(parked) != NULL; }
 
 /* Its thread is done with it: the outboxes go over, the span caches and
  * kept large blocks go back, and the lists go back to their slabs. Returns
@@ -183,14 +208,6 @@ static hak_heap_t *parked_take(bool all, uint64_t now) {
     }
   }
   return out;
-}
-
-/* The link to h in the parked list; NULL if a new thread or the purger
- * has taken it. */
-static hak_heap_t **parked_link(const hak_heap_t *h) {
-  for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
-    if (*pp == h) return pp;
-  return NULL;
 }
 
 static void parked_retire(hak_heap_t *list) {

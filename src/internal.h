@@ -321,6 +321,8 @@ HAK_INLINE uintptr_t hak_thread_token(void) { return (uintptr_t)__builtin_thread
 extern hak_heap_t hak_heap_empty; /* sentinel: all lists empty */
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
+/* A thread without a heap takes parked, if still parked: false if not. */
+bool hak_heap_adopt(hak_heap_t *parked);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_collect(hak_heap_t *heap, bool force);
 void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */

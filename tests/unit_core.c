@@ -2378,6 +2378,50 @@ TEST(new_thread_takes_the_heap_parked_longest) {
   free(q);
 }
 
+/* A new thread's first call frees a block of a parked heap, then allocates. */
+typedef struct {
+  void *victim, *q;
+  hak_heap_t *heap;
+} free_first_t;
+
+static void *free_then_alloc(void *arg) {
+  free_first_t *f = arg;
+  free(f->victim);
+  f->q = malloc(64);
+  f->heap = hak_tls_heap;
+  return NULL;
+}
+
+/* A thread whose first call frees a parked heap's block takes that heap,
+ * not the one parked longest: a worker handed the last one's blocks
+ * (larson's lineages) then frees them as their owner. */
+TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *first[100], *second[100];
+  pthread_t a, b;
+  pthread_barrier_init(&both_allocated, NULL, 2);
+  sem_init(&second_may_exit, 0, 0);
+  REQUIRE(pthread_create(&a, NULL, alloc_then_exit_first, first) == 0);
+  REQUIRE(pthread_create(&b, NULL, alloc_then_exit_second, second) == 0);
+  pthread_join(a, NULL);
+  sem_post(&second_may_exit);
+  pthread_join(b, NULL);
+  hak_heap_t *older = atomic_load(&hak_segment_of(first[0])->heap);
+  hak_heap_t *newer = atomic_load(&hak_segment_of(second[0])->heap);
+  REQUIRE(older != NULL && newer != NULL && older != newer); /* both parked */
+  free_first_t f = {.victim = second[50]};
+  run_thread(free_then_alloc, &f);
+  CHECK(f.heap == newer);
+  CHECK_MSG(f.q == second[50], "%p, not the block just freed %p", f.q, second[50]);
+  CHECK(atomic_load(&hak_segment_of(second[0])->heap) == newer && newer->parked); /* again */
+  for (int i = 0; i < 100; i++) {
+    free(first[i]);
+    if (i != 50) free(second[i]);
+  }
+  free(f.q);
+}
+
 TEST(emptied_parked_heap_waits_for_the_next_thread) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
