@@ -2354,10 +2354,11 @@ TEST(a_parked_heap_keeps_its_span_cache_bounds) {
   CHECK(b.empty);
 }
 
-TEST(new_thread_takes_the_heap_parked_longest) {
+/* Two threads allocate 100 blocks each and exit, the first before the
+ * second: two heaps parked, older and newer. */
+static void park_two_heaps(void **first, void **second, hak_heap_t **older, hak_heap_t **newer) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
-  void *first[100], *second[100], *q;
   pthread_t a, b;
   pthread_barrier_init(&both_allocated, NULL, 2);
   sem_init(&second_may_exit, 0, 0);
@@ -2366,9 +2367,15 @@ TEST(new_thread_takes_the_heap_parked_longest) {
   pthread_join(a, NULL);
   sem_post(&second_may_exit);
   pthread_join(b, NULL);
-  hak_heap_t *older = atomic_load(&hak_segment_of(first[0])->heap);
-  hak_heap_t *newer = atomic_load(&hak_segment_of(second[0])->heap);
-  REQUIRE(older != NULL && newer != NULL && older != newer); /* both parked */
+  *older = atomic_load(&hak_segment_of(first[0])->heap);
+  *newer = atomic_load(&hak_segment_of(second[0])->heap);
+  REQUIRE(*older != NULL && *newer != NULL && *older != *newer); /* both parked */
+}
+
+TEST(new_thread_takes_the_heap_parked_longest) {
+  void *first[100], *second[100], *q;
+  hak_heap_t *older, *newer;
+  park_two_heaps(first, second, &older, &newer);
   run_thread(alloc_one, &q);
   CHECK(atomic_load(&hak_segment_of(q)->heap) == older);
   for (int i = 0; i < 100; i++) {
@@ -2396,20 +2403,9 @@ static void *free_then_alloc(void *arg) {
  * not the one parked longest: a worker handed the last one's blocks
  * (larson's lineages) then frees them as their owner. */
 TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
-  hak_opt.purge_delay_ms = 100000;
-  start_purger();
   void *first[100], *second[100];
-  pthread_t a, b;
-  pthread_barrier_init(&both_allocated, NULL, 2);
-  sem_init(&second_may_exit, 0, 0);
-  REQUIRE(pthread_create(&a, NULL, alloc_then_exit_first, first) == 0);
-  REQUIRE(pthread_create(&b, NULL, alloc_then_exit_second, second) == 0);
-  pthread_join(a, NULL);
-  sem_post(&second_may_exit);
-  pthread_join(b, NULL);
-  hak_heap_t *older = atomic_load(&hak_segment_of(first[0])->heap);
-  hak_heap_t *newer = atomic_load(&hak_segment_of(second[0])->heap);
-  REQUIRE(older != NULL && newer != NULL && older != newer); /* both parked */
+  hak_heap_t *older, *newer;
+  park_two_heaps(first, second, &older, &newer);
   free_first_t f = {.victim = second[50]};
   run_thread(free_then_alloc, &f);
   CHECK(f.heap == newer);
