@@ -18,7 +18,7 @@ static __thread bool init_here; /* this thread runs the initialisation */
 
 static void thread_done(void *value) {
   hak_heap_t *heap = value;
-  if (heap != NULL && heap == hak_tls_heap) hak_heap_done(heap);
+  if (heap != NULL) hak_heap_thread_exit(heap);
 }
 
 /* fork: hold every global lock across fork so the child sees consistent

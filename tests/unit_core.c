@@ -2418,6 +2418,41 @@ TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
   free(f.q);
 }
 
+/* A key whose destructor runs after hakmem's in each round and re-arms
+ * itself until the last round, where it frees late_victim. */
+static pthread_key_t late_key;
+static void *late_victim;
+static void free_in_the_last_round(void *round) {
+  if ((uintptr_t)round < PTHREAD_DESTRUCTOR_ITERATIONS) {
+    pthread_setspecific(late_key, (void *)((uintptr_t)round + 1));
+    return;
+  }
+  free(late_victim);
+}
+static void *alloc_then_free_late(void *arg) {
+  *(void **)arg = malloc(64); /* a heap, parked by the first round */
+  pthread_setspecific(late_key, (void *)1);
+  return NULL;
+}
+
+/* A free from a destructor after the thread's exit handler does not take
+ * the parked heap: after the last round nothing would park it again. */
+TEST(a_free_after_the_exit_handler_takes_no_parked_heap) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  void *ps[100], *own;
+  run_thread(alloc_and_exit, ps);
+  hak_heap_t *parked = atomic_load(&hak_segment_of(ps[0])->heap);
+  REQUIRE(parked != NULL && parked->parked);
+  REQUIRE(pthread_key_create(&late_key, free_in_the_last_round) == 0);
+  late_victim = ps[0];
+  run_thread(alloc_then_free_late, &own);
+  CHECK(atomic_load(&hak_segment_of(ps[1])->heap) == parked && parked->parked);
+  pthread_key_delete(late_key);
+  for (int i = 1; i < 100; i++) free(ps[i]);
+  free(own);
+}
+
 TEST(emptied_parked_heap_waits_for_the_next_thread) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
