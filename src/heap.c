@@ -141,8 +141,8 @@ static void heap_struct_free(hak_heap_t *h) {
   pthread_mutex_unlock(&hak_heaps_lock);
 }
 
-/* The thread's heap: want (a parked heap) if given and still parked, else
- * any parked heap or a new one. */
+/* The thread's heap: want (a parked heap) if given, NULL if it is no
+ * longer parked; else a parked heap or a new one. */
 static hak_heap_t *heap_install(hak_heap_t *want) {
   hak_heap_t *stale;
   hak_heap_t *h = heap_struct_alloc(hak_thread_token(), want, &stale);

@@ -321,7 +321,8 @@ HAK_INLINE uintptr_t hak_thread_token(void) { return (uintptr_t)__builtin_thread
 extern hak_heap_t hak_heap_empty; /* sentinel: all lists empty */
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
-/* A thread without a heap takes parked, if still parked: false if not. */
+/* A thread without a heap takes parked: false if it is no longer parked
+ * or the thread's exit handler has run. */
 bool hak_heap_adopt(hak_heap_t *parked);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_thread_exit(hak_heap_t *heap); /* the thread's exit handler */

@@ -2430,7 +2430,7 @@ static void free_in_the_last_round(void *round) {
   free(late_victim);
 }
 static void *alloc_then_free_late(void *arg) {
-  *(void **)arg = malloc(64); /* a heap, parked by the first round */
+  *(void **)arg = malloc(64); /* takes the parked heap; the first round parks it again */
   pthread_setspecific(late_key, (void *)1);
   return NULL;
 }
