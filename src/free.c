@@ -93,8 +93,10 @@ static void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t 
     outbox_flush(o, true);
     return;
   }
-  /* A thread that only frees gets a heap for its outboxes. */
-  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
+  /* A thread that only frees gets a heap for its outboxes, unless it is
+   * past its exit handler. */
+  if (HAK_UNLIKELY(heap == &hak_heap_empty) &&
+      (hak_tls_exited || (heap = hak_heap_get()) == NULL)) {
     free_remote_now(slab, b);
     return;
   }

@@ -166,16 +166,17 @@ hak_heap_t *hak_heap_get(void) {
 }
 
 /* Set when the thread's exit handler has run: a free from a destructor
- * that runs after it takes no parked heap, which would stay with a dead
- * thread if that was the last round of destructors. */
-static __thread bool thread_exited;
+ * that runs after it takes no heap (a parked one, or one for its outboxes
+ * or span caches), which would stay with a dead thread, and its blocks
+ * with it, if that was the last round of destructors. */
+__thread bool hak_tls_exited;
 
 void hak_heap_thread_exit(hak_heap_t *heap) {
-  thread_exited = true;
+  hak_tls_exited = true;
   if (heap == hak_tls_heap) hak_heap_done(heap);
 }
 
-bool hak_heap_adopt(hak_heap_t *parked) { return !thread_exited && heap_install(parked) != NULL; }
+bool hak_heap_adopt(hak_heap_t *parked) { return !hak_tls_exited && heap_install(parked) != NULL; }
 
 /* Its thread is done with it: the outboxes go over, the span caches and
  * kept large blocks go back, and the lists go back to their slabs. Returns

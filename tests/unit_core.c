@@ -2453,6 +2453,21 @@ TEST(a_free_after_the_exit_handler_takes_no_parked_heap) {
   free(own);
 }
 
+/* ... nor a heap for its outboxes: the block goes to its slab at once,
+ * not to the outbox of a heap no thread would flush. */
+TEST(a_free_after_the_exit_handler_hands_the_block_over_at_once) {
+  void *b = malloc(64), *keep = malloc(64), *own;
+  hak_slab_t *slab = slab_of_ptr(b);
+  REQUIRE(slab == slab_of_ptr(keep) && atomic_load(&slab->remote) == NULL);
+  REQUIRE(pthread_key_create(&late_key, free_in_the_last_round) == 0);
+  late_victim = b;
+  run_thread(alloc_then_free_late, &own);
+  CHECK(atomic_load(&slab->remote) == b); /* on its slab's remote list */
+  pthread_key_delete(late_key);
+  free(own);
+  free(keep);
+}
+
 TEST(emptied_parked_heap_waits_for_the_next_thread) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
