@@ -79,7 +79,7 @@ void hak_free_flush_outboxes(hak_heap_t *heap) {
  * they go over together, in one atomic push, once they fill a page, or when
  * the next one is for another slab. One push per block made two threads that
  * pass blocks to each other fight over the slab's remote list. */
-static void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
+HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
   hak_outbox_t *o = &heap->outbox[slab->cls];
   HAK_XSTAT_ADD(remote_frees, 1);
   if (HAK_LIKELY(slab == o->slab)) {
@@ -152,13 +152,30 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }
 
+/* A block of another thread's slab (live, or parked), freed by heap's. */
+HAK_INLINE void free_others(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *heap, void *p) {
+  hak_slab_t *slab = hak_slab_of(seg, p);
+  check_block_shared(slab, p);
+  hak_block_check_free(p, slab->block_size);
+  HAK_CSTAT_FREE(slab->cls);
+  if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&
+      hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
+    return;
+  if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
+    free_remote_batched(heap, slab, (hak_block_t *)p);
+  else
+    free_remote_now(slab, (hak_block_t *)p);
+}
+
 /* A thread without a heap frees a block of a parked heap: it takes that
  * heap, whose blocks it was likely handed (a worker that follows another),
- * and frees the block as the owner. False if the heap is not parked. */
-HAK_NOINLINE static bool free_adopting(hak_heap_t *owner, void *p) {
-  if (!__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) || !hak_heap_adopt(owner)) return false;
-  hak_free_inline(p);
-  return true;
+ * and frees the block as the owner. A path of its own, reached by a jump,
+ * so that the generic path saves no more registers for it. */
+HAK_NOINLINE static void free_heapless(hak_segment_t *seg, hak_heap_t *owner, void *p) {
+  if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) && hak_heap_adopt(owner))
+    hak_free_inline(p);
+  else
+    free_others(seg, owner, &hak_heap_empty, p);
 }
 
 /* The common case first, in few registers: a block of another live
@@ -170,18 +187,10 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
-    if (HAK_UNLIKELY(heap == &hak_heap_empty) && free_adopting(owner, p)) return;
-    hak_slab_t *slab = hak_slab_of(seg, p);
-    check_block_shared(slab, p);
-    hak_block_check_free(p, slab->block_size);
-    HAK_CSTAT_FREE(slab->cls);
-    if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&
-        hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
-      return;
-    if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
-      free_remote_batched(heap, slab, (hak_block_t *)p);
+    if (HAK_UNLIKELY(heap == &hak_heap_empty))
+      free_heapless(seg, owner, p);
     else
-      free_remote_now(slab, (hak_block_t *)p);
+      free_others(seg, owner, heap, p);
     return;
   }
   free_slow(seg, p);

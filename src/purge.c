@@ -110,7 +110,7 @@ static void *purge_main(void *arg) {
      * pthread_exit, a child forked from a thread): glibc ends the process
      * (exit(0)) when its last thread returns, so the purger must not be
      * what keeps it alive. The kernel's count, not the heaps: a thread's
-     * last frees, after its exit handler, may leave it a new heap. */
+     * last mallocs, after its exit handler, may leave it a new heap. */
     if (hak_os_last_thread()) break;
     if (pending) continue;
     /* No other thread holds a heap: the last may be one that never
