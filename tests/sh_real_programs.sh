@@ -14,6 +14,7 @@ if [ ! -f "$LIBHAKMEM" ]; then
   finish
 fi
 case "$LIBHAKMEM" in /*) ;; *) LIBHAKMEM=$PWD/$LIBHAKMEM ;; esac
+KEEP=$PWD/${BUILD:-build} # where a failed run's output is kept
 
 T=$(mktemp -d /tmp/hakmem-real.XXXXXX)
 trap 'rm -rf "$T"' EXIT
@@ -124,15 +125,20 @@ REGRTESTS="test_dict test_list test_set test_tuple test_bytes test_unicode test_
   test_array test_memoryview test_collections test_deque test_heapq test_sort test_itertools
   test_functools test_struct test_zlib test_hashlib test_decimal test_ctypes test_ast
   test_compile test_fork1 test_wait4 test_os test_subprocess"
-# regrtest NAME [ENV...]: runs the slice with `env ENV...`; the exit code.
+# regrtest NAME [ENV...]: runs the slice with `env ENV...` (-W: a failed
+# file's output is printed); the exit code.
 regrtest() {
   local name=$1; shift
-  (cd "$T" && timeout 600 env "$@" PYTHONMALLOC=malloc "$PY" -m test -j2 $REGRTESTS \
+  (cd "$T" && timeout 600 env "$@" PYTHONMALLOC=malloc "$PY" -m test -j2 -W $REGRTESTS \
     >"$T/$name.out" 2>&1)
 }
-# regrtest_fault NAME: the first failure's report, on one line.
+# regrtest_fault NAME: the first failed test case's report (else the first
+# failure's), on one line; the whole output is kept in $KEEP/NAME.out.
 regrtest_fault() {
-  grep -m1 -A14 -E '^test test_[a-z0-9_]+ (failed|crashed)' "$T/$1.out" | tr '\n' '|'
+  mkdir -p "$KEEP" && cp "$T/$1.out" "$KEEP/$1.out"
+  { grep -m1 -A20 -E '^(FAIL|ERROR): test' "$T/$1.out" ||
+    grep -m1 -A14 -E '^test test_[a-z0-9_]+ (failed|crashed)' "$T/$1.out"; } | tr '\n' '|'
+  echo "(all of it: $KEEP/$1.out)"
 }
 if need python3 "$PY"; then
   if [ ! -f /usr/lib/python3.11/test/regrtest.py ]; then
