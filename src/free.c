@@ -78,7 +78,9 @@ void hak_free_flush_outboxes(hak_heap_t *heap) {
  * heap's outbox for its class while the next frees go to the same slab, and
  * they go over together, in one atomic push, once they fill a page, or when
  * the next one is for another slab. One push per block made two threads that
- * pass blocks to each other fight over the slab's remote list. */
+ * pass blocks to each other fight over the slab's remote list. Inlined in
+ * both callers: called, with more registers saved in the generic path,
+ * it ran xmalloc 1p1c at 0.81-0.88x. */
 HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
   hak_outbox_t *o = &heap->outbox[slab->cls];
   HAK_XSTAT_ADD(remote_frees, 1);
@@ -167,10 +169,11 @@ HAK_INLINE void free_others(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *h
     free_remote_now(slab, (hak_block_t *)p);
 }
 
-/* A thread without a heap frees a block of a parked heap: it takes that
- * heap, whose blocks it was likely handed (a worker that follows another),
- * and frees the block as the owner. A path of its own, reached by a jump,
- * so that the generic path saves no more registers for it. */
+/* A thread without a heap frees another thread's block. If that heap is
+ * parked, the thread takes it, whose blocks it was likely handed (a worker
+ * that follows another), and frees the block as the owner. A path of its
+ * own, reached by a jump, so that the generic path saves no more registers
+ * for it. */
 HAK_NOINLINE static void free_heapless(hak_segment_t *seg, hak_heap_t *owner, void *p) {
   if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) && hak_heap_adopt(owner))
     hak_free_inline(p);
