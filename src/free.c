@@ -97,8 +97,7 @@ HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_bloc
   }
   /* A thread that only frees gets a heap for its outboxes, unless it is
    * past its exit handler. */
-  if (HAK_UNLIKELY(heap == &hak_heap_empty) &&
-      (hak_tls_exited || (heap = hak_heap_get()) == NULL)) {
+  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_for_free()) == NULL) {
     free_remote_now(slab, b);
     return;
   }

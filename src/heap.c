@@ -14,7 +14,7 @@ static hak_heap_t *heaps_live;
  * the most time to be freed; it fills their holes instead of carving new
  * memory beside blocks still in use (larson 4t 10-1000: 15.1 MiB peak,
  * 16.8 taking the one parked last). A thread whose first call frees a
- * parked heap's block takes that heap instead (free.c: free_adopting). */
+ * parked heap's block takes that heap instead (free.c: free_heapless). */
 static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static hak_heap_t *heaps_pool;
 static uint8_t *pool_cursor;
@@ -169,14 +169,16 @@ hak_heap_t *hak_heap_get(void) {
  * that runs after it takes no heap (a parked one, or one for its outboxes
  * or span caches), which would stay with a dead thread, and its blocks
  * with it, if that was the last round of destructors. */
-__thread bool hak_tls_exited;
+static __thread bool thread_exited;
 
 void hak_heap_thread_exit(hak_heap_t *heap) {
-  hak_tls_exited = true;
+  thread_exited = true;
   if (heap == hak_tls_heap) hak_heap_done(heap);
 }
 
-bool hak_heap_adopt(hak_heap_t *parked) { return !hak_tls_exited && heap_install(parked) != NULL; }
+hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get(); }
+
+bool hak_heap_adopt(hak_heap_t *parked) { return !thread_exited && heap_install(parked) != NULL; }
 
 /* Its thread is done with it: the outboxes go over, the span caches and
  * kept large blocks go back, and the lists go back to their slabs. Returns

@@ -326,7 +326,9 @@ hak_heap_t *hak_heap_get(void);
 bool hak_heap_adopt(hak_heap_t *parked);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_thread_exit(hak_heap_t *heap); /* the thread's exit handler */
-extern __thread bool hak_tls_exited;          /* it has run: frees take no heap */
+/* The heap a free may give a thread: hak_heap_get's, or NULL once the
+ * thread's exit handler has run. */
+hak_heap_t *hak_heap_for_free(void);
 void hak_heap_collect(hak_heap_t *heap, bool force);
 void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */
 void hak_heaps_retire_parked(void); /* the heaps of exited threads, now */

@@ -717,7 +717,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   if (heap->free[cls] == b) hak_double_free(b); /* the sentinel's lists are empty */
   hak_block_check_free(b, hak_class_size[cls]);
   HAK_CSTAT_FREE(cls);
-  if (heap == &hak_heap_empty) heap = hak_tls_exited ? NULL : hak_heap_get();
+  if (heap == &hak_heap_empty) heap = hak_heap_for_free();
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
