@@ -228,7 +228,7 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
 
 /* ---- span.c: blocks of the span classes ---- */
 /* A span segment's page words: the low two bits tell what a page is. */
-#define HAK_PAGE_FREE 1u /* first or last page of a free run: its record | 1 */
+#define HAK_PAGE_FREE 1u /* first or last page of a free run: its record's handle (span.c) */
 #define HAK_PAGE_USED 2u /* first page of a block: pages << 16 | class << 8 | 2 */
 #define HAK_PAGE_TAIL 3u /* last page of a block of two pages or more */
 #define HAK_PAGE_TAG 3u
@@ -240,10 +240,10 @@ HAK_INLINE unsigned hak_span_page_index(const void *p) {
 /* Whether p is the start of a page (span blocks start on one). */
 HAK_INLINE bool hak_is_page_start(const void *p) { return ((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0; }
 /* Whether w, the word of p's page, says p starts a block in use. */
-HAK_INLINE bool hak_span_word_is_block(uint64_t w, const void *p) {
+HAK_INLINE bool hak_span_word_is_block(uint32_t w, const void *p) {
   return (((uintptr_t)p & (HAK_PAGE_SIZE - 1)) | ((w & HAK_PAGE_TAG) ^ HAK_PAGE_USED)) == 0;
 }
-HAK_INLINE size_t hak_span_word_class(uint64_t w) { return (size_t)(uint8_t)(w >> 8); }
+HAK_INLINE size_t hak_span_word_class(uint32_t w) { return (size_t)(uint8_t)(w >> 8); }
 /* Whether p starts a block in use, cls being its page's page_class. */
 HAK_INLINE bool hak_span_is_block(size_t cls, const void *p) {
   return hak_is_page_start(p) & (cls != 0);
@@ -664,7 +664,7 @@ HAK_INLINE size_t hak_usable_size_inline(const void *p) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     if (HAK_LIKELY(hak_slab_has_block(slab, p))) return slab->block_size - HAK_CANARY;
   } else if (m == HAK_SEGMAP_SPANS) {
-    uint64_t w = seg->span.page[hak_span_page_index(p)];
+    uint32_t w = seg->span.page[hak_span_page_index(p)];
     if (HAK_LIKELY(hak_span_word_is_block(w, p))) return hak_class_size[hak_span_word_class(w)] - HAK_CANARY;
   }
   return hak_usable_size_generic(p);

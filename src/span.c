@@ -33,9 +33,10 @@ typedef struct run_s run_t;
 struct run_s {
   run_t *next, *prev; /* its bin */
   hak_segment_t *seg;
+  uint64_t since_ms; /* DIRTY: when a block was last given back into it */
+  uint32_t handle;   /* what its pages' words hold (run_mark) */
   uint16_t first, pages;
   uint8_t state;
-  uint64_t since_ms; /* DIRTY: when a block was last given back into it */
 };
 
 /* Bin n (1 <= n < 64) holds the runs of n pages, bin 0 the longer ones;
@@ -52,16 +53,24 @@ static size_t pages_in_use; /* pages of blocks in every span segment */
  * pages back never allocates. Records are taken from their chunk only when
  * first needed, so that the pages of the pool touched are those of the most
  * runs there have been at once, and the pool goes back to the OS when the
- * last span segment does. */
+ * last span segment does. A page word names a record by its chunk's number
+ * and its place there in 30 bits: words of 32 bits keep a segment's header
+ * to two pages (three with pointers, one more page per 16 blocks of 256
+ * KiB). */
 #define RUNS_PER_SEGMENT (HAK_SPAN_PAGES / 2)
-#define POOL_CHUNK ((size_t)64 * 1024)
-typedef struct pool_chunk_s {
-  struct pool_chunk_s *next;
+#define POOL_CHUNK ((size_t)256 * 1024)
+#define CHUNK_SLOT_BITS 13
+#define POOL_CHUNKS_MAX ((size_t)1 << (30 - CHUNK_SLOT_BITS)) /* 5.5 TiB of segments */
+typedef struct {
   size_t used; /* records taken from it */
 } pool_chunk_t;
 #define CHUNK_RUNS ((POOL_CHUNK - sizeof(pool_chunk_t)) / sizeof(run_t))
-static run_t *pool;          /* records given back */
-static pool_chunk_t *chunks; /* every chunk */
+_Static_assert(CHUNK_RUNS <= (1u << CHUNK_SLOT_BITS), "a chunk's records fit its slot bits");
+_Static_assert(offsetof(hak_segment_t, span) + sizeof(((hak_segment_t *)0)->span) <= 2 * HAK_PAGE_SIZE,
+               "a span segment's header fits two pages");
+static run_t *pool;                             /* records given back */
+static pool_chunk_t *chunk_at[POOL_CHUNKS_MAX]; /* every chunk, by number */
+static size_t nchunks, chunk_filling; /* chunk_at[chunk_filling] may have records left */
 static size_t pool_total;
 
 /* A thread's cache of a class moves BATCH_BYTES of blocks (at least one)
@@ -122,9 +131,11 @@ static inline uint8_t *page_addr(hak_segment_t *seg, unsigned page) {
   return (uint8_t *)seg + ((size_t)page << HAK_PAGE_SHIFT);
 }
 static inline unsigned page_index(const void *p) { return hak_span_page_index(p); }
-static inline unsigned word_pages(uint64_t w) { return (unsigned)(w >> 16); }
-static inline run_t *run_of(uint64_t word) {
-  return (run_t *)(uintptr_t)(word & ~(uint64_t)HAK_PAGE_TAG);
+static inline unsigned word_pages(uint32_t w) { return w >> 16; }
+/* The record of a FREE page word. */
+static inline run_t *run_of(uint32_t word) {
+  pool_chunk_t *c = chunk_at[word >> (2 + CHUNK_SLOT_BITS)];
+  return (run_t *)(c + 1) + ((word >> 2) & ((1u << CHUNK_SLOT_BITS) - 1));
 }
 static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_PAGE_SHIFT; }
 
@@ -132,23 +143,18 @@ static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_
 
 static bool pool_reserve(size_t total) {
   while (pool_total < total) {
-    pool_chunk_t *chunk = hak_os_map(POOL_CHUNK);
+    pool_chunk_t *chunk = nchunks < POOL_CHUNKS_MAX ? hak_os_map(POOL_CHUNK) : NULL;
     if (chunk == NULL) return false;
-    chunk->next = chunks;
-    chunks = chunk;
+    chunk_at[nchunks++] = chunk;
     pool_total += CHUNK_RUNS;
   }
   return true;
 }
 
 static void pool_release(void) {
-  while (chunks) {
-    pool_chunk_t *next = chunks->next;
-    hak_os_unmap(chunks, POOL_CHUNK);
-    chunks = next;
-  }
+  while (nchunks) hak_os_unmap(chunk_at[--nchunks], POOL_CHUNK);
   pool = NULL;
-  pool_total = 0;
+  pool_total = chunk_filling = 0;
 }
 
 static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_t state) {
@@ -156,9 +162,10 @@ static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_
   if (r != NULL) {
     pool = r->next;
   } else {
-    pool_chunk_t *c = chunks;
-    while (c->used == CHUNK_RUNS) c = c->next; /* pool_reserve made room */
-    r = (run_t *)(c + 1) + c->used++;
+    pool_chunk_t *c; /* pool_reserve made room */
+    while ((c = chunk_at[chunk_filling])->used == CHUNK_RUNS) chunk_filling++;
+    r = (run_t *)(c + 1) + c->used;
+    r->handle = (uint32_t)(chunk_filling << CHUNK_SLOT_BITS | c->used++) << 2 | HAK_PAGE_FREE;
   }
   r->seg = seg;
   r->first = (uint16_t)first;
@@ -202,9 +209,8 @@ static void bin_remove(run_t *r) {
 
 /* The run's first and last pages name it. */
 static void run_mark(run_t *r) {
-  uint64_t w = (uint64_t)(uintptr_t)r | HAK_PAGE_FREE;
-  r->seg->span.page[r->first] = w;
-  r->seg->span.page[r->first + r->pages - 1] = w;
+  r->seg->span.page[r->first] = r->handle;
+  r->seg->span.page[r->first + r->pages - 1] = r->handle;
 }
 
 /* The shortest run of at least n pages in bins[c] (the one given back last
@@ -229,7 +235,7 @@ static hak_segment_t *segment_prepare(uint8_t *state) {
   bool zero, purged;
   hak_segment_t *seg = hak_segment_take_empty(&zero, &purged);
   if (seg == NULL) return NULL;
-  memset(seg, 0, sizeof *seg);
+  memset(seg, 0, offsetof(hak_segment_t, span) + sizeof seg->span); /* not slabs[]' pages */
   seg->kind = HAK_KIND_SPANS;
   seg->map_size = HAK_SEG_SIZE;
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
@@ -286,7 +292,7 @@ static void segment_release(run_t *r) {
 /* ---- the page heap (all under hak_span_lock) ---- */
 
 static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls) {
-  seg->span.page[first] = (uint64_t)pages << 16 | (uint64_t)cls << 8 | HAK_PAGE_USED;
+  seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)cls << 8 | HAK_PAGE_USED;
   seg->span.page_class[first] = (uint8_t)cls;
   if (pages > 1) seg->span.page[first + pages - 1] = HAK_PAGE_TAIL;
 }
@@ -354,7 +360,7 @@ static void run_absorb(run_t *r, run_t *o) {
  * has no block left and keep is false, the segment goes back to the
  * segment cache, and the result is true. */
 static bool run_settle(run_t *r, bool keep) {
-  uint64_t *pg = r->seg->span.page;
+  uint32_t *pg = r->seg->span.page;
   unsigned first = r->first, end = first + r->pages;
   if (first > HAK_SPAN_FIRST_PAGE && (pg[first - 1] & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
     run_t *left = run_of(pg[first - 1]);
@@ -405,7 +411,7 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
 static void block_give(void *p, uint64_t now) {
   hak_segment_t *seg = (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
   unsigned first = page_index(p);
-  uint64_t w = seg->span.page[first];
+  uint32_t w = seg->span.page[first];
   HAK_ASSERT((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
   pages_give(seg, first, word_pages(w), now);
 }
@@ -571,7 +577,7 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
   if (hak_is_page_start(p) && i >= HAK_SPAN_FIRST_PAGE) {
     unsigned j = i;
     while (j > HAK_SPAN_FIRST_PAGE && seg->span.page[j] == 0) j--;
-    uint64_t w = seg->span.page[j];
+    uint32_t w = seg->span.page[j];
     if ((w & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
       run_t *r = run_of(w);
       freed = r->first <= i && i < r->first + r->pages && r->state != RUN_ZERO;
@@ -586,7 +592,7 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
  * start of a block not given back to the page heap. A pointer at the very
  * end of the segment reads the header's page word, which is 0. */
 HAK_INLINE size_t block_class(hak_segment_t *seg, const void *p) {
-  uint64_t w = seg->span.page[page_index(p)];
+  uint32_t w = seg->span.page[page_index(p)];
   if (HAK_UNLIKELY(!hak_span_word_is_block(w, p))) bad_block(seg, p);
   return hak_span_word_class(w);
 }
@@ -893,7 +899,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
  * shorter, its tail given back, or longer, into the free run after it.
  * False (nothing changed) when there is no room after it. */
 static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
-  uint64_t *pg = seg->span.page;
+  uint32_t *pg = seg->span.page;
   unsigned first = page_index(p), n = class_pages(cls), m = class_pages(ncls);
   bool done = true;
   pthread_mutex_lock(&hak_span_lock);
@@ -902,9 +908,9 @@ static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls
     block_mark(seg, first, m, ncls);
     pages_give(seg, first + m, n - m, hak_clock_ms());
   } else {
-    uint64_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
-    run_t *r = run_of(w);
-    done = (w & HAK_PAGE_TAG) == HAK_PAGE_FREE && r->pages >= m - n;
+    uint32_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
+    run_t *r = (w & HAK_PAGE_TAG) == HAK_PAGE_FREE ? run_of(w) : NULL;
+    done = r != NULL && r->pages >= m - n;
     if (done) {
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;
@@ -1002,7 +1008,7 @@ void hak_span_usage(hak_usage_t *u) {
   pthread_mutex_lock(&hak_span_lock);
   for (hak_segment_t *seg = segments; seg; seg = seg->next) {
     for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
-      uint64_t w = seg->span.page[i];
+      uint32_t w = seg->span.page[i];
       if ((w & HAK_PAGE_TAG) == HAK_PAGE_FREE) {
         run_t *r = run_of(w);
         if (r->state == RUN_DIRTY) u->cached_bytes += run_bytes(r);

@@ -200,7 +200,7 @@ struct hak_segment_s {
       /* One word per page (span.c): the first page of a block holds its
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run; every other page 0. */
-      uint64_t page[HAK_SPAN_PAGES];
+      uint32_t page[HAK_SPAN_PAGES];
       /* The class of a block on its first page, 0 elsewhere: what free's
        * fast path reads, 64 pages to a line where the words hold 8 (with
        * 400 blocks of 8-32 KiB live, the words' lines overflowed L1). */

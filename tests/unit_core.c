@@ -1179,7 +1179,7 @@ TEST(a_class_that_filled_a_slab_takes_longer_slabs) {
 
 /* ---- spans ---- */
 
-static uint64_t page_word(const void *p) {
+static uint32_t page_word(const void *p) {
   return hak_segment_of(p)->span.page[hak_span_page_index(p)];
 }
 static size_t page_class(const void *p) {
@@ -1199,7 +1199,7 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
     CHECK(((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0);
     CHECK(hak_span_page_index(p) >= HAK_SPAN_FIRST_PAGE);
     size_t cls = hak_size_class(sizes[i]);
-    uint64_t w = page_word(p);
+    uint32_t w = page_word(p);
     CHECK(hak_span_word_is_block(w, p));
     CHECK(hak_span_word_class(w) == cls);
     CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
@@ -1315,7 +1315,7 @@ TEST(adjacent_free_spans_merge) {
   free(b);
   free(a);
   flush_span_caches();
-  uint64_t w = page_word(a);
+  uint32_t w = page_word(a);
   REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
   CHECK(page_word(b) == 0); /* inside the run now */
   CHECK(page_word(b + 40960 - 4096) == w); /* the run's last page */
