@@ -199,11 +199,11 @@ struct hak_segment_s {
       unsigned used_pages; /* pages of blocks (cached ones too) */
       /* One word per page (span.c): the first page of a block holds its
        * class and length, its last page a tail mark, the first and last
-       * pages of a free run the run; every other page 0. */
+       * pages of a free run the run's handle; every other page 0. */
       uint32_t page[HAK_SPAN_PAGES];
       /* The class of a block on its first page, 0 elsewhere: what free's
-       * fast path reads, 64 pages to a line where the words hold 8 (with
-       * 400 blocks of 8-32 KiB live, the words' lines overflowed L1). */
+       * fast path reads, 64 pages to a line where the words hold 16 (with
+       * 400 blocks of 8-32 KiB live, words of 8 bytes overflowed L1). */
       uint8_t page_class[HAK_SPAN_PAGES];
     } span;
   };

@@ -115,13 +115,14 @@ fi
 # ------------------------------------------- python3's own regression tests
 # A slice of CPython's test suite (Debian's libpython3.11-testsuite), every
 # object from malloc (PYTHONMALLOC=malloc), in regrtest's worker processes:
-# containers, str and bytes, pickle, gc and weakrefs, threads and queues,
-# mmap, ctypes, fork, wait4 and subprocess. A failure is hakmem's only if the
-# same files pass without it. (The whole suite, 448 files of pyenv's 3.11.7 on
+# containers, str and bytes, pickle, gc and weakrefs, threads (their exits
+# and thread-locals) and queues, mmap, ctypes, fork, wait4 and subprocess. A
+# failure is hakmem's only if the same files pass without it. (The whole suite, 448 files of pyenv's 3.11.7 on
 # the development machine, failed the same 5 with and without hakmem:
 # environment checks; docs/RELIABILITY.md.)
 REGRTESTS="test_dict test_list test_set test_tuple test_bytes test_unicode test_re test_json
-  test_pickle test_marshal test_copy test_gc test_weakref test_thread test_queue test_mmap
+  test_pickle test_marshal test_copy test_gc test_weakref test_thread test_threading
+  test_threading_local test_queue test_mmap
   test_array test_memoryview test_collections test_deque test_heapq test_sort test_itertools
   test_functools test_struct test_zlib test_hashlib test_decimal test_ctypes test_ast
   test_compile test_fork1 test_wait4 test_os test_subprocess"
