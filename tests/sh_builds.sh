@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The other builds under the same workloads: the C suites and two
 # cross-thread benchmarks run with build/secure (hardened) and build/stats
-# (exact counters) preloaded over the linked release library. Each suite's
-# lines are renamed <build>.<suite>.<test>.
+# (exact counters) preloaded over the linked release library, and the
+# release archive linked statically into a program. Each suite's lines are
+# renamed <build>.<suite>.<test>.
 set -u
 SUITE=builds
 . "$(dirname "$0")/lib.sh"
@@ -25,6 +26,34 @@ done
 for bin in test_stress test_threads test_hakapi; do
   run_suite stats "$bin"
 done
+# The release archive linked into a program (README): its malloc and free
+# are hakmem's, with no preload.
+cat > "$B/tests/static_link.c" <<'C'
+#include <hakmem.h>
+#include <stdio.h>
+#include <stdlib.h>
+static size_t large_live(void) {
+  hak_stats_t s;
+  hak_stats_get(&s);
+  return s.large_live;
+}
+int main(void) {
+  size_t before = large_live();
+  char *p = malloc(1 << 20);
+  if (p == NULL) return 1;
+  p[0] = 1;
+  size_t during = large_live();
+  free(p);
+  printf("%zu %zu %zu\n", before, during, large_live());
+  return !(during == before + 1 && large_live() == before);
+}
+C
+if out=$(${CC:-cc} -O2 -I"$ROOT/include" -o "$B/tests/static_link" "$B/tests/static_link.c" \
+    "$B/libhakmem.a" -pthread 2>&1 && env -u LD_PRELOAD "$B/tests/static_link" 2>&1); then
+  ok release.static_link "large blocks live before, during, after: $out"
+else
+  bad release.static_link "$out"
+fi
 for build in secure stats; do
   for cmd in "larson 2 8 128 1000 20000 5" "xmalloc 2 2 20000 50"; do
     if out=$(LD_PRELOAD="$B/$build/libhakmem.so" timeout 120 $B/bench/$cmd 2>&1) &&
