@@ -1325,6 +1325,49 @@ TEST(adjacent_free_spans_merge) {
   free(guard);
 }
 
+/* Page words name free runs by a handle into the pool of run records:
+ * with more free runs at once than the pool's first chunk holds (5,461),
+ * the holes left by freeing every other block of 8 KiB (purged: neighbours
+ * in use, they stay runs of their own) are found again by blocks of their
+ * size, and the segments' runs are walked when they go. */
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return (x > y) - (x < y);
+}
+TEST(thousands_of_free_runs_are_found_by_their_handles) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* no committed free run: the holes are the only ones */
+  enum { N = 12000 };
+  static void *ps[N], *holes[N / 2];
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(8192)) != NULL);
+  flush_span_caches();
+  for (int i = 0; i < N / 2; i++) free(holes[i] = ps[2 * i]);
+  flush_span_caches();
+  hak_span_purge(true); /* and the 4 MiB that waited in the class's transfer */
+  int runs = 0;
+  for (int i = 0; i < N / 2; i++) {
+    uint32_t w = page_word(holes[i]);
+    runs += (w & HAK_PAGE_TAG) == HAK_PAGE_FREE && page_word((uint8_t *)holes[i] + 4096) == w;
+  }
+  /* but for what a thread that only frees stages, less than a batch */
+  CHECK_MSG(runs > N / 2 - 8, "%d of %d holes are free runs of their own", runs, N / 2);
+  qsort(holes, N / 2, sizeof holes[0], cmp_ptr);
+  /* a few more than the holes: blocks the thread staged come first */
+  enum { M = N / 2 + 64 };
+  static void *again[M];
+  int found = 0;
+  for (int i = 0; i < M; i++) {
+    REQUIRE((again[i] = malloc(8192)) != NULL);
+    found += bsearch(&again[i], holes, N / 2, sizeof holes[0], cmp_ptr) != NULL;
+  }
+  CHECK_MSG(found == N / 2, "%d of %d holes taken again", found, N / 2);
+  for (int i = 0; i < N / 2; i++) free(ps[2 * i + 1]);
+  for (int i = 0; i < M; i++) free(again[i]);
+  flush_span_caches();
+  hak_release_all(); /* walks every run of the segments that go */
+}
+
 TEST(span_realloc_grows_and_shrinks_in_place) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
