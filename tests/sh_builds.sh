@@ -28,6 +28,7 @@ for bin in test_stress test_threads test_hakapi; do
 done
 # The release archive linked into a program (README): its malloc and free
 # are hakmem's, with no preload.
+mkdir -p "$B/tests"
 cat > "$B/tests/static_link.c" <<'C'
 #include <hakmem.h>
 #include <stdio.h>
