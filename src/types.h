@@ -67,8 +67,8 @@ enum {
 #define HAK_SPAN_FIRST_PAGE (HAK_SEG_HEADER >> HAK_PAGE_SHIFT) /* after the header */
 
 /* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
- * steps per doubling, <= 12.5% waste), 11 more slab classes to 7 KiB (4 per
- * doubling), and 19 span classes of whole pages (8 and 12 KiB, then 4 per
+ * steps per doubling, <= 12.5% waste), 22 more slab classes to 7 KiB (8 per
+ * doubling as well), and 19 span classes of whole pages (8 and 12 KiB, then 4 per
  * doubling from 16 KiB to 256 KiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
 #define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
@@ -80,8 +80,8 @@ enum {
 #define HAK_LARGE_GRAIN ((size_t)1 << HAK_LARGE_GRAIN_SHIFT)
 #define HAK_LARGE_KEPT 4 /* freed large blocks a heap keeps for its next ones */
 #define HAK_SMALL_CLASSES 32
-#define HAK_SLAB_CLASSES 43 /* classes below live in slabs, the others in spans */
-#define HAK_CLASSES 62
+#define HAK_SLAB_CLASSES 54 /* classes below live in slabs, the others in spans */
+#define HAK_CLASSES 73
 #define HAK_ATTACH_MAX 4 /* slabs of a class attached to its heap at once */
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
 /* Alignments up to this are served from slabs and spans; larger ones by

@@ -38,8 +38,8 @@ TEST(class_sizes_increase_and_are_16_aligned) {
   CHECK(hak_class_size[HAK_CLASSES - 1] == HAK_BIG_MAX);
 }
 
-TEST(small_class_waste_at_most_12_5_percent) {
-  for (size_t size = 129; size <= HAK_SMALL_MAX; size++) {
+TEST(slab_class_waste_at_most_12_5_percent) {
+  for (size_t size = 129; size <= HAK_SLAB_MAX; size++) {
     size_t bs = hak_class_size[hak_size_class(size)];
     CHECK_MSG((bs - size) * 8 <= bs, "size %zu wastes %zu of %zu", size, bs - size, bs);
   }
