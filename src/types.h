@@ -67,9 +67,9 @@ enum {
 #define HAK_SPAN_FIRST_PAGE (HAK_SEG_HEADER >> HAK_PAGE_SHIFT) /* after the header */
 
 /* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
- * steps per doubling, <= 12.5% waste), 22 more slab classes to 7 KiB (8 per
- * doubling as well), and 19 span classes of whole pages (8 and 12 KiB, then 4 per
- * doubling from 16 KiB to 256 KiB). */
+ * steps per doubling), 22 more slab classes to 7 KiB (8 per doubling too: no
+ * slab size wastes more than 12.5%), and 19 span classes of whole pages (8
+ * and 12 KiB, then 4 per doubling from 16 KiB to 256 KiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
 #define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
 #define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
