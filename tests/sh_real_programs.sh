@@ -2,8 +2,8 @@
 # Real Debian programs under LD_PRELOAD=$LIBHAKMEM: each workload runs once
 # with the system allocator and once with hakmem; stdout, stderr and the exit
 # code must be identical. Missing programs are failures (CI installs them:
-# python3 libpython3.11-testsuite perl coreutils gcc g++ sqlite3 redis-server
-# redis-tools).
+# python3 libpython3.11-testsuite perl coreutils gcc g++ nodejs
+# openjdk-17-jdk-headless sqlite3 redis-server redis-tools).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -236,6 +236,100 @@ if need gcc_compiles_and_runs gcc; then
 fi
 if need gxx_compiles_and_runs g++; then
   same gxx_compiles_and_runs bash "$T/build_cc.sh" prog_cc_bin
+fi
+
+# ---------------------------------------------------------------- node
+# V8 and libuv: four worker threads build and drop strings and Buffers
+# (Buffer memory is malloc's), then the main thread a 200,000-key object
+# through JSON and 2,000 Buffers of 1-64 KiB.
+cat >"$T/work.js" <<'EOF'
+const { Worker, isMainThread, parentPort, workerData } = require('worker_threads');
+const crypto = require('crypto');
+if (isMainThread) {
+  const results = [];
+  for (let t = 0; t < 4; t++) {
+    const w = new Worker(__filename, { workerData: t });
+    w.on('message', (m) => {
+      results[t] = m;
+      if (results.filter((r) => r !== undefined).length < 4) return;
+      const o = {};
+      for (let k = 0; k < 200000; k++) o['k' + k] = [k, String(k * 7)];
+      const back = JSON.parse(JSON.stringify(o));
+      const h = crypto.createHash('sha256');
+      for (let k = 0; k < 2000; k++) h.update(Buffer.alloc(1024 * (k % 64 + 1), k & 255));
+      console.log(results.join(' '), Object.keys(back).length, back.k199999[1], h.digest('hex'));
+    });
+  }
+} else {
+  const t = workerData, keep = [], h = crypto.createHash('sha256');
+  for (let i = 0; i < 300000; i++) {
+    keep.push('x'.repeat(i % 100) + i);
+    if (keep.length > 1000) keep.shift();
+  }
+  for (let i = 0; i < 5000; i++) {
+    const b = Buffer.allocUnsafe(((i * 13 + t) % 70000) + 1);
+    b.fill(i & 255);
+    h.update(b);
+  }
+  parentPort.postMessage(keep.length + ':' + h.digest('hex').slice(0, 16));
+}
+EOF
+if need node_workers_json_buffers node; then
+  same node_workers_json_buffers node "$T/work.js"
+fi
+
+# ---------------------------------------------------------------- java
+# The JVM's C heap: javac (a Java program) compiles, then 8 pooled threads
+# each start and join a short-lived thread per task, and compress and
+# inflate through the JDK's native zlib (Deflater and Inflater malloc their
+# streams), while the heap grows a map of strings.
+cat >"$T/Work.java" <<'EOF'
+import java.util.*;
+import java.util.concurrent.*;
+import java.util.zip.*;
+public class Work {
+  public static void main(String[] args) throws Exception {
+    ExecutorService pool = Executors.newFixedThreadPool(8);
+    List<Future<Long>> fs = new ArrayList<>();
+    for (int t = 0; t < 64; t++) {
+      final int task = t;
+      fs.add(pool.submit(() -> {
+        long sum = 0;
+        Deflater d = new Deflater();
+        Inflater in = new Inflater();
+        byte[] buf = new byte[1 << 16], out = new byte[1 << 17], back = new byte[1 << 16];
+        for (int i = 0; i < 100; i++) {
+          for (int j = 0; j < buf.length; j++) buf[j] = (byte) ((j * (i + task)) >> 7);
+          d.reset(); d.setInput(buf); d.finish();
+          int n = d.deflate(out);
+          in.reset(); in.setInput(out, 0, n);
+          int m = in.inflate(back);
+          sum += n + m + (Arrays.equals(buf, back) ? 1 : 0);
+        }
+        d.end(); in.end();
+        Thread th = new Thread(() -> {});
+        th.start(); th.join();
+        return sum;
+      }));
+    }
+    Map<String, String> map = new HashMap<>();
+    for (int i = 0; i < 200000; i++) map.put("k" + i, Integer.toString(i * 31));
+    long total = 0;
+    for (Future<Long> f : fs) total += f.get();
+    pool.shutdown();
+    System.out.println(total + " " + map.size() + " " + map.get("k199999"));
+  }
+}
+EOF
+cat >"$T/build_java.sh" <<'EOF'
+set -e
+out=$1
+mkdir -p "$out"
+javac -d "$out" Work.java
+java -cp "$out" Work
+EOF
+if need java_compiles_and_runs javac java; then
+  same java_compiles_and_runs bash "$T/build_java.sh" java_classes
 fi
 
 # ---------------------------------------------------------------- sqlite3
