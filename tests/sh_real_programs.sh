@@ -14,7 +14,8 @@ if [ ! -f "$LIBHAKMEM" ]; then
   finish
 fi
 case "$LIBHAKMEM" in /*) ;; *) LIBHAKMEM=$PWD/$LIBHAKMEM ;; esac
-KEEP=$PWD/${BUILD:-build} # where a failed run's output is kept
+KEEP=${BUILD:-build} # where a failed run's output is kept
+case "$KEEP" in /*) ;; *) KEEP=$PWD/$KEEP ;; esac
 
 T=$(mktemp -d /tmp/hakmem-real.XXXXXX)
 trap 'rm -rf "$T"' EXIT
