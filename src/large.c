@@ -546,8 +546,16 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
   for (size_t k = 0; k < n; k++) {
     if (!hak_os_move(chunk_addr(i + k), GRAIN, chunk_addr(j + k))) {
-      if (k > 0) hak_fatal("hakmem: mremap of a large block's chunk failed: errno %d", errno);
-      chunks_release(j, m, 0, 0); /* e.g. a guard page split the head chunk: copy */
+      /* A chunk is more than one mapping that the kernel cannot move
+       * together (a page the program sealed, or before Linux 6.17 locked or
+       * protected): the chunks moved go back, and the caller copies. */
+      while (k-- > 0) {
+        if (!hak_os_move(chunk_addr(j + k), GRAIN, chunk_addr(i + k)))
+          hak_fatal("hakmem: mremap back to %p failed: errno %d", chunk_addr(i + k), errno);
+        dirt[i + k] = dirt[j + k];
+        dirt[j + k] = 0;
+      }
+      chunks_release(j, m, 0, 0);
       goto out;
     }
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */

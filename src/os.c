@@ -128,8 +128,17 @@ bool hak_os_last_thread(void) {
   return state != NULL && *state == 'Z';
 }
 
+/* A failed move leaves the range as it was, except where it spans
+ * several mappings (Linux 6.17 on moves them one by one) and one of them
+ * refuses (sealed): the first ones moved, which nothing here can undo. */
 static bool move_fixed(void *old, size_t size, void *target) {
-  return mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
+  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED) return true;
+  int err = errno;
+  unsigned char resident;
+  if (mincore(old, HAK_PAGE_SIZE, &resident) != 0)
+    hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
+  errno = err;
+  return false;
 }
 
 /* A range a move left behind is mapped again, empty. */

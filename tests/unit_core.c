@@ -512,6 +512,37 @@ TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
+/* A chunk's first page that the kernel will not move with the rest of
+ * the chunk: sealed (mseal, Linux 6.10), else protected apart, which splits
+ * the chunk's mapping (mremap moves one mapping at a time before Linux
+ * 6.17). Either way the move fails before it moves anything. */
+static void pin_page(void *page) {
+  if (syscall(462 /* mseal, x86-64 */, page, (size_t)4096, 0UL) != 0)
+    REQUIRE(mprotect(page, 4096, PROT_READ) == 0);
+}
+
+/* realloc moves a block that cannot grow in place chunk by chunk; when a
+ * chunk after the first cannot move, the chunks moved go back and the
+ * block is copied, whole. */
+TEST(large_realloc_copies_a_block_whose_chunk_cannot_move) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t sz = FOUR_CHUNKS;
+  uint8_t *a = malloc(sz), *after = malloc(HAK_LARGE_GRAIN / 2);
+  REQUIRE(a && after);
+  REQUIRE(after == a + 4 * HAK_LARGE_GRAIN); /* a cannot grow in place */
+  memset(a, 6, sz);
+  pin_page(a - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN); /* its third chunk */
+  uint8_t *r = realloc(a, 6 * HAK_LARGE_GRAIN);
+  REQUIRE(r != NULL);
+  CHECK(r != a);
+  size_t i = 0;
+  while (i < sz && r[i] == 6) i++;
+  CHECK_MSG(i == sz, "byte %zu of %zu not kept", i, sz);
+  memset(r, 1, 6 * HAK_LARGE_GRAIN);
+  free(r);
+  free(after);
+}
+
 /* Blocks of 1-6 chunks allocated, grown, shrunk and freed at random, 24
  * live at most: each keeps its bytes, and the arena reuses the free runs
  * (the span of addresses stays within twice the most live, where
