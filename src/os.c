@@ -131,13 +131,17 @@ bool hak_os_last_thread(void) {
 /* A failed move leaves the range as it was, except where it spans
  * several mappings (Linux 6.17 on moves them one by one) and one of them
  * refuses (sealed): the first ones moved, which nothing here can undo. */
-static bool move_fixed(void *old, size_t size, void *target) {
-  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED) return true;
+static void check_nothing_moved(void *old, size_t size) {
   int err = errno;
   unsigned char resident;
   if (mincore(old, HAK_PAGE_SIZE, &resident) != 0)
     hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
   errno = err;
+}
+
+static bool move_fixed(void *old, size_t size, void *target) {
+  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED) return true;
+  check_nothing_moved(old, size);
   return false;
 }
 
@@ -170,7 +174,10 @@ bool hak_os_swap(void *a, void *b, void *scratch, size_t size) {
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {
   void *p = target ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target)
                    : mremap(old, old_size, new_size, 0);
-  if (p == MAP_FAILED) return NULL;
+  if (p == MAP_FAILED) {
+    if (target) check_nothing_moved(old, old_size);
+    return NULL;
+  }
   if (new_size > old_size) hak_stats_mapped(new_size - old_size, true);
   else hak_stats_mapped(old_size - new_size, false);
   return p;
