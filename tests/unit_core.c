@@ -514,8 +514,8 @@ TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
 
 /* A chunk's first page that the kernel will not move with the rest of
  * the chunk: sealed (mseal, Linux 6.10), else protected apart, which splits
- * the chunk's mapping (mremap moves one mapping at a time before Linux
- * 6.17). Either way the move fails before it moves anything. */
+ * the chunk's mapping (before Linux 6.17, mremap moves a range of one
+ * mapping only). Either way the move fails before it moves anything. */
 static void pin_page(void *page) {
   if (syscall(462 /* mseal, x86-64 */, page, (size_t)4096, 0UL) != 0)
     REQUIRE(mprotect(page, 4096, PROT_READ) == 0);
