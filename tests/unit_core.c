@@ -512,32 +512,39 @@ TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
-/* A chunk's first page that the kernel will not move with the rest of
- * the chunk: sealed (mseal, Linux 6.10), else protected apart, which splits
- * the chunk's mapping (before Linux 6.17, mremap moves a range of one
- * mapping only). Either way the move fails before it moves anything. */
-static void pin_page(void *page) {
-  if (syscall(462 /* mseal, x86-64 */, page, (size_t)4096, 0UL) != 0)
-    REQUIRE(mprotect(page, 4096, PROT_READ) == 0);
+/* Seals a page (mseal, Linux 6.10): the kernel will not move it; false
+ * where the kernel has no mseal. */
+static bool seal_page(void *page) {
+  return syscall(462 /* mseal, x86-64 */, page, (size_t)4096, 0UL) == 0;
+}
+
+/* A block of four chunks, filled, with a live block right after it, so
+ * that realloc has to move it to grow: its chunk by chunk. */
+static uint8_t *block_that_must_move(uint8_t **after) {
+  uint8_t *a = malloc(FOUR_CHUNKS);
+  *after = malloc(HAK_LARGE_GRAIN / 2);
+  REQUIRE(a && *after);
+  REQUIRE(*after == a + 4 * HAK_LARGE_GRAIN);
+  fill(a, FOUR_CHUNKS, 6);
+  return a;
 }
 
 /* realloc moves a block that cannot grow in place chunk by chunk; when a
- * chunk after the first cannot move, the chunks moved go back and the
+ * chunk after the first cannot move (its first page sealed, or where there
+ * is no mseal protected apart, which splits the chunk's mapping: before
+ * Linux 6.17 mremap moves a range of one mapping only, and either way
+ * fails before it moves anything), the chunks moved go back and the
  * block is copied, whole. */
 TEST(large_realloc_copies_a_block_whose_chunk_cannot_move) {
   hak_opt.purge_delay_ms = 100000;
-  size_t sz = FOUR_CHUNKS;
-  uint8_t *a = malloc(sz), *after = malloc(HAK_LARGE_GRAIN / 2);
-  REQUIRE(a && after);
-  REQUIRE(after == a + 4 * HAK_LARGE_GRAIN); /* a cannot grow in place */
-  memset(a, 6, sz);
-  pin_page(a - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN); /* its third chunk */
+  uint8_t *after, *a = block_that_must_move(&after);
+  uint8_t *third = a - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN;
+  if (!seal_page(third)) REQUIRE(mprotect(third, 4096, PROT_READ) == 0);
   uint8_t *r = realloc(a, 6 * HAK_LARGE_GRAIN);
   REQUIRE(r != NULL);
   CHECK(r != a);
-  size_t i = 0;
-  while (i < sz && r[i] == 6) i++;
-  CHECK_MSG(i == sz, "byte %zu of %zu not kept", i, sz);
+  size_t kept = verify(r, FOUR_CHUNKS, 6);
+  CHECK_MSG(kept == FOUR_CHUNKS, "byte %zu of %zu not kept", kept, (size_t)FOUR_CHUNKS);
   memset(r, 1, 6 * HAK_LARGE_GRAIN);
   free(r);
   free(after);
@@ -550,10 +557,9 @@ static int kernel_moves_part_of_a_range(void) {
   uint8_t *to = mmap(NULL, 2 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(m != MAP_FAILED && to != MAP_FAILED);
   m[0] = m[4096] = 1;
-  if (syscall(462 /* mseal */, m + 4096, (size_t)4096, 0UL) != 0) return -1;
+  if (!seal_page(m + 4096)) return -1;
   REQUIRE(mremap(m, 2 * 4096, 2 * 4096, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED);
-  unsigned char resident;
-  return mincore(m, 4096, &resident) != 0;
+  return resident_pages(m, 4096) < 0; /* its first page gone */
 }
 
 /* A chunk sealed after its first page: where the kernel moves that page
@@ -566,12 +572,8 @@ TEST(large_realloc_of_a_chunk_the_kernel_moves_in_part_aborts_or_copies) {
     fprintf(stderr, "    (no mseal on this kernel: nothing to check)\n");
     return;
   }
-  size_t sz = FOUR_CHUNKS;
-  uint8_t *a = malloc(sz), *after = malloc(HAK_LARGE_GRAIN / 2);
-  REQUIRE(a && after);
-  REQUIRE(after == a + 4 * HAK_LARGE_GRAIN); /* a cannot grow in place */
-  memset(a, 6, sz);
-  REQUIRE(syscall(462, a - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN + 4096, (size_t)4096, 0UL) == 0);
+  uint8_t *after, *a = block_that_must_move(&after);
+  REQUIRE(seal_page(a - HAK_LARGE_OFFSET + 2 * HAK_LARGE_GRAIN + 4096));
   int errp[2];
   REQUIRE(pipe(errp) == 0);
   fflush(NULL);
@@ -580,9 +582,7 @@ TEST(large_realloc_of_a_chunk_the_kernel_moves_in_part_aborts_or_copies) {
   if (pid == 0) {
     dup2(errp[1], 2);
     uint8_t *r = realloc(a, 6 * HAK_LARGE_GRAIN);
-    size_t i = 0;
-    while (r != NULL && i < sz && r[i] == 6) i++;
-    _exit(r != NULL && r != a && i == sz ? 0 : 3);
+    _exit(r != NULL && r != a && verify(r, FOUR_CHUNKS, 6) == FOUR_CHUNKS ? 0 : 3);
   }
   close(errp[1]);
   char err[512] = "";
