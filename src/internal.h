@@ -267,6 +267,11 @@ size_t hak_span_cache_growth(void); /* bytes the caches of all threads have grow
 /* Purges free runs idle for the purge delay (force: all, and releases
  * every segment all free); true while some wait. */
 bool hak_span_purge(bool force);
+/* The large tier is about to fault in `bytes` new pages: while the page
+ * heap holds more committed free pages than pages of blocks, that many of
+ * them go back to the OS (runs of 64 KiB or more), so that memory moving
+ * from one tier to the other is not held twice. */
+void hak_span_shed(size_t bytes);
 /* The purger's look at a heap: its unfinished batches of a draining heap
  * go back if it freed none since the last look (or when forced); true if
  * some wait. */
@@ -373,6 +378,10 @@ bool hak_large_cache_collect(bool force); /* true while some remain */
  * if none was kept since the last call without force. True while some
  * remain. */
 bool hak_large_kept_release(hak_heap_t *heap, bool force);
+/* Moves the committed pages of a free chunk of the arena (the most
+ * committed one, with at least 64 KiB) to dst, a chunk's length aligned to
+ * one, whose pages they replace; false if none has them. */
+bool hak_large_donate(void *dst);
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */

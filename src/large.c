@@ -455,6 +455,20 @@ static void chunk_fill(size_t k, size_t need) {
   hak_stats_mapped(GRAIN, false);
 }
 
+bool hak_large_donate(void *dst) {
+  bool moved = false;
+  pthread_mutex_lock(&hak_large_lock);
+  size_t donor = arena ? dirty_best(GRAIN) : SIZE_MAX;
+  if (donor != SIZE_MAX && dirt[donor] >= DONATE_MIN &&
+      hak_os_move(chunk_addr(donor), GRAIN, dst)) {
+    chunk_forget(donor);
+    hak_stats_mapped(GRAIN, false);
+    moved = true;
+  }
+  pthread_mutex_unlock(&hak_large_lock);
+  return moved;
+}
+
 /* Fills the chunks of a block of map_size bytes at chunk i from chunk
  * `from` on (see chunk_fill), each whole if asked (a block that realloc
  * grew grows again, within its last chunk, where that chunk cannot take a
@@ -470,23 +484,6 @@ static bool block_fill(size_t i, size_t map_size, size_t offset, size_t from, bo
   return fresh;
 }
 
-static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
-  size_t n = chunks_of(map_size);
-  hak_segment_t *seg = NULL;
-  pthread_mutex_lock(&hak_large_lock);
-  if (arena_init()) {
-    size_t i = arena_find(map_size, offset, NULL);
-    if (i != SIZE_MAX) {
-      chunks_claim(i, n, true);
-      bool fresh = block_fill(i, map_size, offset, i, whole);
-      seg = (hak_segment_t *)chunk_addr(i);
-      header_init(seg, map_size, offset, fresh);
-    }
-  }
-  pthread_mutex_unlock(&hak_large_lock);
-  return seg;
-}
-
 /* Bytes a block at chunk i, now of `used` bytes, would fault in to grow
  * in place to map_size bytes. */
 static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used, size_t offset) {
@@ -497,6 +494,25 @@ static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used, size_t of
     if (need > have) fresh += need - have;
   }
   return fresh;
+}
+
+static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
+  size_t n = chunks_of(map_size), faults = 0;
+  hak_segment_t *seg = NULL;
+  pthread_mutex_lock(&hak_large_lock);
+  if (arena_init()) {
+    size_t i = arena_find(map_size, offset, NULL);
+    if (i != SIZE_MAX) {
+      chunks_claim(i, n, true);
+      bool fresh = block_fill(i, map_size, offset, i, whole);
+      faults = grow_fresh_bytes(i, map_size, 0, offset);
+      seg = (hak_segment_t *)chunk_addr(i);
+      header_init(seg, map_size, offset, fresh);
+    }
+  }
+  pthread_mutex_unlock(&hak_large_lock);
+  if (faults) hak_span_shed(faults);
+  return seg;
 }
 
 /* Copying a page costs about a fifth of faulting one in (0.34 against
@@ -513,6 +529,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   size_t offset = seg->large_offset;
   bool again = seg->grown; /* read before its page moves */
   hak_segment_t *r = seg;
+  size_t faults = 0;
   pthread_mutex_lock(&hak_large_lock);
   if (new_map <= seg->map_size) {
     if (m < n) chunks_release(i + m, n - m, seg->map_size - (m << GRAIN_SHIFT), 0);
@@ -531,6 +548,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
       chunks_claim(i + n, m - n, false);
       block_fill(i, new_map, offset, i + n, again);
     }
+    faults = grow_fresh_bytes(i, new_map, seg->map_size, offset);
     seg->map_size = new_map;
     seg->grown = 1;
     goto out;
@@ -565,6 +583,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   }
   chunks_free(i, n);
   block_fill(j, new_map, offset, j + n, again);
+  faults = grow_fresh_bytes(j, new_map, old_map, offset);
   head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);
   dst->map_size = new_map;
@@ -572,6 +591,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   r = dst;
 out:
   pthread_mutex_unlock(&hak_large_lock);
+  if (faults) hak_span_shed(faults);
   return r;
 }
 

@@ -47,6 +47,8 @@ static uint64_t bin_mask[2];
 static hak_segment_t *segments; /* every span segment, linked by next/prev */
 static size_t nsegments;
 static size_t pages_in_use; /* pages of blocks in every span segment */
+static size_t dirty_pages;  /* pages of the dirty runs */
+static size_t pages_in_use_most; /* the most there have been */
 
 /* Run records come from a pool that always holds enough for every run the
  * segments can be cut into (free runs are separated by blocks), so giving
@@ -193,6 +195,7 @@ static void bin_add(run_t *r) {
   if (r->next) r->next->prev = r;
   bins[c][b] = r;
   bin_mask[c] |= UINT64_C(1) << b;
+  if (!c) dirty_pages += r->pages;
 }
 
 static void bin_remove(run_t *r) {
@@ -205,6 +208,7 @@ static void bin_remove(run_t *r) {
     if (r->next == NULL) bin_mask[c] &= ~(UINT64_C(1) << b);
   }
   if (r->next) r->next->prev = r->prev;
+  if (!c) dirty_pages -= r->pages;
 }
 
 /* The run's first and last pages name it. */
@@ -230,17 +234,34 @@ static run_t *bin_find(int c, unsigned n) {
 
 /* A segment for the page heap, its header made (outside the lock: it may
  * map memory and faults in the header); NULL when out of memory. *state
- * tells what its memory is. */
-static hak_segment_t *segment_prepare(uint8_t *state) {
+ * tells what its memory is. For a page heap used in bulk (it has held a
+ * segment's worth of blocks), pages it would fault in are the committed
+ * pages of the arena's free chunks, if it has some: moved, they cost no
+ * fault and are not held twice (chains of realloc that restart small
+ * while their freed large blocks wait in the arena). A program's first
+ * span blocks do not take 4 MiB of them. */
+static hak_segment_t *segment_prepare(uint8_t *state, bool bulk) {
   bool zero, purged;
   hak_segment_t *seg = hak_segment_take_empty(&zero, &purged);
   if (seg == NULL) return NULL;
+  *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
+  /* not over a guard page (the header's) */
+  if (bulk && *state != RUN_DIRTY && !HAK_GUARD_PAGES) {
+    bool moved = false;
+    for (size_t at = 0; at < HAK_SEG_SIZE; at += HAK_LARGE_GRAIN)
+      moved |= hak_large_donate((uint8_t *)seg + at);
+    if (moved) {
+      /* one run: all of it counts as committed, as a dirty run's pages */
+      if (purged)
+        HAK_STAT_ADD(committed, (size_t)(HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE) << HAK_PAGE_SHIFT);
+      *state = RUN_DIRTY;
+    }
+  }
   memset(seg, 0, offsetof(hak_segment_t, span) + sizeof seg->span); /* not slabs[]' pages */
   seg->kind = HAK_KIND_SPANS;
   seg->map_size = HAK_SEG_SIZE;
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
     seg->unit[u] = (hak_unit_t){&seg->span.none, &seg->span.none.local_free};
-  *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
   return seg;
 }
 
@@ -327,6 +348,7 @@ static void *block_take(size_t cls, bool *clean) {
   block_mark(seg, first, n, cls);
   seg->span.used_pages += n;
   pages_in_use += n;
+  if (pages_in_use > pages_in_use_most) pages_in_use_most = pages_in_use;
   return page_addr(seg, first);
 }
 
@@ -839,9 +861,10 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
     void *b = block_take(cls, &zero);
     if (b == NULL) {
       if (got > 0) break;
+      bool bulk = pages_in_use_most >= HAK_SPAN_PAGES;
       pthread_mutex_unlock(&hak_span_lock);
       uint8_t state;
-      hak_segment_t *seg = segment_prepare(&state);
+      hak_segment_t *seg = segment_prepare(&state, bulk);
       pthread_mutex_lock(&hak_span_lock);
       if (seg == NULL || !segment_add(seg, state)) break;
       continue;
@@ -1002,6 +1025,24 @@ bool hak_span_purge(bool force) {
   }
   pthread_mutex_unlock(&hak_span_lock);
   return pending;
+}
+
+void hak_span_shed(size_t bytes) {
+  size_t pages = bytes >> HAK_PAGE_SHIFT;
+  pthread_mutex_lock(&hak_span_lock);
+  /* the longest runs first: fewest calls */
+  for (unsigned b = 0; b < BINS && pages && dirty_pages > pages_in_use;
+       b = b == 0 ? BINS - 1 : b - 1) {
+    if (b != 0 && b < PURGE_MIN_PAGES) break;
+    for (run_t *r = bins[0][b], *next; r && pages && dirty_pages > pages_in_use; r = next) {
+      next = r->next;
+      bin_remove(r);
+      pages = pages > r->pages ? pages - r->pages : 0;
+      run_purge(r);
+      if (run_settle(r, false)) next = bins[0][b];
+    }
+  }
+  pthread_mutex_unlock(&hak_span_lock);
 }
 
 void hak_span_usage(hak_usage_t *u) {

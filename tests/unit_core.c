@@ -1513,6 +1513,82 @@ TEST(free_span_runs_are_purged_after_delay) {
   free(guard);
 }
 
+/* Pages move between the tiers instead of being held twice. Once the page
+ * heap has held a segment's worth of blocks, a new span segment takes the
+ * committed pages of the arena's free chunks (two one-chunk blocks written
+ * and freed), so a block there is resident before it is written, and a
+ * calloc from those pages reads zero. A program's first span blocks do not
+ * take them (4 MiB of pages for one block). */
+TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* no dirty span run left: the blocks below need new segments */
+  size_t half = HAK_LARGE_GRAIN / 2;
+  uint8_t *a = malloc(half), *b = malloc(half);
+  REQUIRE(a && b);
+  memset(a, 0xAB, half);
+  memset(b, 0xAB, half);
+  free(a);
+  free(b);
+  hak_large_kept_release(hak_tls_heap, true);
+  size_t cached = atomic_load(&hak_gstats.large_cached);
+  REQUIRE(cached >= 2 * half);
+  enum { N = 40, BLOCK = 262144 }; /* 10 MiB of the largest span class */
+  static uint8_t *ps[N];
+  int resident_at = -1;
+  for (int i = 0; i < N; i++) {
+    REQUIRE((ps[i] = i % 2 ? calloc(1, BLOCK) : malloc(BLOCK)) != NULL);
+    if (i == 0) /* but the page of its free-list link */
+      CHECK_MSG(resident_pages(ps[0], BLOCK) <= 1, "the first block has %d pages resident",
+                resident_pages(ps[0], BLOCK));
+    if (i % 2)
+      CHECK_MSG(first_nonzero(ps[i], BLOCK) == BLOCK, "calloc'd block %d: byte %zu", i,
+                first_nonzero(ps[i], BLOCK));
+    else if (resident_at < 0 && resident_pages(ps[i], BLOCK) == BLOCK / 4096)
+      resident_at = i;
+  }
+  CHECK_MSG(resident_at >= 0, "no block had its pages before it was written");
+  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached,
+            "the arena still holds %zu of its %zu free committed bytes",
+            atomic_load(&hak_gstats.large_cached), cached);
+  for (int i = 0; i < N; i++) free(ps[i]);
+}
+
+/* The arena faulting in new pages while the page heap holds more free
+ * committed pages than pages of blocks: that excess goes back to the OS at
+ * once, not after the purge delay. Free pages no more than those in use
+ * stay. */
+TEST(large_pages_faulted_in_purge_the_page_heaps_idle_excess) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* the arena has no committed free chunk to give */
+  enum { N = 24, BLOCK = 262144, PAGES = BLOCK / 4096 };
+  static uint8_t *ps[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((ps[i] = malloc(BLOCK)) != NULL);
+    memset(ps[i], 1, BLOCK);
+  }
+  for (int i = 0; i < N; i += 2) free(ps[i]); /* as many free as in use */
+  flush_span_caches();
+  size_t big = (size_t)8 << 20;
+  uint8_t *x = malloc(big);
+  REQUIRE(x != NULL);
+  memset(x, 2, big);
+  for (int i = 0; i < N; i += 2)
+    CHECK_MSG(resident_pages(ps[i], BLOCK) == PAGES, "block %d: %d of %d pages resident", i,
+              resident_pages(ps[i], BLOCK), PAGES);
+  for (int i = 1; i < N; i += 2) free(ps[i]);
+  flush_span_caches();
+  uint8_t *y = malloc(big);
+  REQUIRE(y != NULL);
+  memset(y, 3, big);
+  int left = 0;
+  for (int i = 0; i < N; i++) left += resident_pages(ps[i], BLOCK);
+  CHECK_MSG(left == 0, "%d of %d pages of the freed blocks still resident", left, N * PAGES);
+  free(x);
+  free(y);
+}
+
 /* A free run shorter than 64 KiB waits to merge with a neighbour or for
  * its segment to empty: the timed purge leaves it committed, while it
  * purges a longer one freed at the same time; a forced purge takes both. */
