@@ -269,8 +269,9 @@ size_t hak_span_cache_growth(void); /* bytes the caches of all threads have grow
 bool hak_span_purge(bool force);
 /* The large tier is about to fault in `bytes` new pages: while the page
  * heap holds more committed free pages than pages of blocks, that many of
- * them go back to the OS (runs of 64 KiB or more), so that memory moving
- * from one tier to the other is not held twice. */
+ * them go back to the OS (runs of 64 KiB or more, idle for a quarter of
+ * the purge delay), so that memory moving from one tier to the other is
+ * not held twice. */
 void hak_span_shed(size_t bytes);
 /* The purger's look at a heap: its unfinished batches of a draining heap
  * go back if it freed none since the last look (or when forced); true if

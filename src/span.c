@@ -1029,6 +1029,9 @@ bool hak_span_purge(bool force) {
 
 void hak_span_shed(size_t bytes) {
   size_t pages = bytes >> HAK_PAGE_SHIFT;
+  /* a run freed just now may be what a block still in the page heap's
+   * classes grows into next */
+  uint64_t now = hak_clock_ms(), idle = (uint64_t)hak_opt.purge_delay_ms / 4;
   pthread_mutex_lock(&hak_span_lock);
   /* the longest runs first: fewest calls */
   for (unsigned b = 0; b < BINS && pages && dirty_pages > pages_in_use;
@@ -1036,6 +1039,7 @@ void hak_span_shed(size_t bytes) {
     if (b != 0 && b < PURGE_MIN_PAGES) break;
     for (run_t *r = bins[0][b], *next; r && pages && dirty_pages > pages_in_use; r = next) {
       next = r->next;
+      if (now - r->since_ms < idle) continue;
       bin_remove(r);
       pages = pages > r->pages ? pages - r->pages : 0;
       run_purge(r);

@@ -1555,11 +1555,11 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
 }
 
 /* The arena faulting in new pages while the page heap holds more free
- * committed pages than pages of blocks: that excess goes back to the OS at
- * once, not after the purge delay. Free pages no more than those in use
- * stay. */
+ * committed pages than pages of blocks: the excess idle for a quarter of
+ * the purge delay goes back to the OS at once, not after the delay. Free
+ * pages no more than those in use stay, and so do pages freed just now. */
 TEST(large_pages_faulted_in_purge_the_page_heaps_idle_excess) {
-  hak_opt.purge_delay_ms = 100000;
+  hak_opt.purge_delay_ms = 1000; /* 250 ms idle for this, 1 s for the timed purge */
   flush_span_caches();
   hak_release_all(); /* the arena has no committed free chunk to give */
   enum { N = 24, BLOCK = 262144, PAGES = BLOCK / 4096 };
@@ -1570,6 +1570,7 @@ TEST(large_pages_faulted_in_purge_the_page_heaps_idle_excess) {
   }
   for (int i = 0; i < N; i += 2) free(ps[i]); /* as many free as in use */
   flush_span_caches();
+  usleep(300000);
   size_t big = (size_t)8 << 20;
   uint8_t *x = malloc(big);
   REQUIRE(x != NULL);
@@ -1579,14 +1580,22 @@ TEST(large_pages_faulted_in_purge_the_page_heaps_idle_excess) {
               resident_pages(ps[i], BLOCK), PAGES);
   for (int i = 1; i < N; i += 2) free(ps[i]);
   flush_span_caches();
-  uint8_t *y = malloc(big);
+  uint8_t *y = malloc(big); /* the odd blocks were freed just now */
   REQUIRE(y != NULL);
   memset(y, 3, big);
   int left = 0;
+  for (int i = 1; i < N; i += 2) left += resident_pages(ps[i], BLOCK);
+  CHECK_MSG(left == N / 2 * PAGES, "%d of %d pages freed just now resident", left, N / 2 * PAGES);
+  usleep(300000);
+  uint8_t *z = malloc(big);
+  REQUIRE(z != NULL);
+  memset(z, 4, big);
+  left = 0;
   for (int i = 0; i < N; i++) left += resident_pages(ps[i], BLOCK);
   CHECK_MSG(left == 0, "%d of %d pages of the freed blocks still resident", left, N * PAGES);
   free(x);
   free(y);
+  free(z);
 }
 
 /* A free run shorter than 64 KiB waits to merge with a neighbour or for
