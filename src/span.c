@@ -971,6 +971,15 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
  * bigger ones paid an interrupt per hole, and faulted the holes in again). */
 #define PURGE_MIN_PAGES 16
 
+/* Purges dirty run r, in its bin. It merges only with zero runs, in the
+ * other bins; true if its segment went back, which takes the segment's
+ * other runs out of their bins (maybe the next one of the caller's walk). */
+static bool dirty_run_purge(run_t *r) {
+  bin_remove(r);
+  run_purge(r);
+  return run_settle(r, false);
+}
+
 static size_t pages_in_use_seen; /* pages_in_use at the last timed purge */
 
 /* Whether every dirty run of seg has been idle for the delay. */
@@ -1004,11 +1013,7 @@ bool hak_span_purge(bool force) {
         pending = true;
         continue;
       }
-      bin_remove(r);
-      run_purge(r);
-      /* it merges only with zero runs, in the other bins; a release takes
-       * the segment's other runs out, maybe the next one here */
-      if (run_settle(r, false)) next = bins[0][b];
+      if (dirty_run_purge(r)) next = bins[0][b];
     }
   }
   /* the segments with no block left go whole, whatever their runs */
@@ -1040,10 +1045,8 @@ void hak_span_shed(size_t bytes) {
     for (run_t *r = bins[0][b], *next; r && pages && dirty_pages > pages_in_use; r = next) {
       next = r->next;
       if (now - r->since_ms < idle) continue;
-      bin_remove(r);
       pages = pages > r->pages ? pages - r->pages : 0;
-      run_purge(r);
-      if (run_settle(r, false)) next = bins[0][b];
+      if (dirty_run_purge(r)) next = bins[0][b];
     }
   }
   pthread_mutex_unlock(&hak_span_lock);
