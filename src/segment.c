@@ -425,8 +425,11 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged) {
  * first unit in *at and its score in *score (higher is better; the first
  * place wins a tie). Every place in one run of length len leaves len - n
  * free units beside it, so a run's places differ only in their committed
- * units (counted by a sliding window) and in touching an end of the run;
- * a run that cannot beat the best so far is skipped. */
+ * units (counted by a sliding window) and in touching an end of the run.
+ * A run's best is its committed units (up to n) at an end: a run that
+ * cannot beat the best so far is skipped, and its walk stops there (a
+ * program whose buffers grow through the classes takes a slab every few
+ * refills, and walked every unit of its mostly free segments for each). */
 static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *score) {
   uint64_t dirty = seg->free_units & ~seg->zero_units;
   bool found = false;
@@ -435,8 +438,12 @@ static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *
     uint64_t gap = ~(rest >> a);
     unsigned len = gap ? (unsigned)__builtin_ctzll(gap) : HAK_MAX_SLABS - a;
     rest &= ~units_mask(a, len);
-    int beside = 2 * (int)(len - n);
-    if (len < n || (found && (int)n * 256 - beside <= *score)) continue;
+    if (len < n) continue;
+    /* the run's best: as many committed units as it has, up to n, at an end */
+    int most = __builtin_popcountll(dirty & units_mask(a, len));
+    if (most > (int)n) most = (int)n;
+    int beside = 2 * (int)(len - n), bound = most * 256 - beside;
+    if (found && bound <= *score) continue;
     int committed = __builtin_popcountll(dirty & units_mask(a, n));
     for (unsigned f = a;; f++) {
       int sc = committed * 256 - beside - (f > a && f + n < a + len);
@@ -446,7 +453,7 @@ static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *
         *at = f;
         if (sc == (int)n * 256) return true; /* committed, fills its run: none is better */
       }
-      if (f + n == a + len) break;
+      if (sc == bound || f + n == a + len) break;
       committed += (int)(dirty >> (f + n) & 1) - (int)(dirty >> f & 1);
     }
   }
