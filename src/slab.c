@@ -468,11 +468,47 @@ static hak_slab_t *freed_elsewhere(const hak_slab_queue_t *q, size_t cls) {
   return best;
 }
 
+/* Whether every block of class cls's slabs is on the heap's list: no
+ * slab of the class is full or detached, and the list is as long as the
+ * blocks its attached slabs have out. */
+static bool class_all_free(hak_heap_t *heap, size_t cls) {
+  if (heap->attached_n[cls] == 0 || heap->full[cls].first != NULL) return false;
+  size_t out = 0, listed = 0;
+  for (hak_slab_t *s = heap->queue[cls].first; s != NULL; s = s->next) {
+    if (!slab_attached(s)) return false;
+    out += slab_count_out(s);
+  }
+  for (hak_block_t *b = heap->free[cls]; b != NULL && listed <= out; b = hak_next(b)) listed++;
+  return listed == out;
+}
+
+/* Before a new slab takes memory, the classes that have not refilled
+ * since the last two new slabs, and whose blocks are all free, give their
+ * slabs back, so that other classes reuse the pages: a program whose
+ * buffers grow through the classes (strings built by realloc) otherwise
+ * kept every class's most blocks, as a slab of the class it left. A class
+ * is looked at once while it stays idle (its list may be long). */
+static void classes_reclaim_idle(hak_heap_t *heap, size_t cls) {
+  uint64_t active = heap->slab_refilled | heap->slab_refilled_before;
+  heap->slab_checked &= ~active;
+  uint64_t classes = (UINT64_C(1) << HAK_SLAB_CLASSES) - 1;
+  uint64_t look = classes & ~active & ~heap->slab_checked & ~(UINT64_C(1) << cls);
+  heap->slab_refilled_before = heap->slab_refilled;
+  heap->slab_refilled = 0;
+  for (; look; look &= look - 1) {
+    size_t c = (size_t)__builtin_ctzll(look);
+    if (heap->free[c] == NULL) continue;
+    heap->slab_checked |= UINT64_C(1) << c;
+    if (class_all_free(heap, c)) class_retire(heap, c);
+  }
+}
+
 /* The queues are the owner's alone: only taking a slab from the segments
  * (state the purger and fork also see) needs the heap lock. */
 static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(heap->free[cls] == NULL);
   HAK_STAT_ADD(refills, 1);
+  heap->slab_refilled |= UINT64_C(1) << cls;
   __atomic_store_n(&heap->refills, heap->refills + 1, __ATOMIC_RELAXED);
   /* Purges are the purger thread's job; without it, refills do them. */
   uint64_t purge_at = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED);
@@ -524,6 +560,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     }
     bool adopted;
     pthread_mutex_lock(&heap->lock);
+    classes_reclaim_idle(heap, cls);
     slab = hak_segment_alloc_slab(heap, slab_units(heap, cls), hak_class_size[cls], &adopted);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
@@ -566,6 +603,7 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
                     !atomic_load_explicit(&hak_purge_running, memory_order_relaxed))))
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
+  heap->slab_refilled |= UINT64_C(1) << cls;
   hak_block_t *list = take_local(slab);
   slab_all_out(heap, slab);
   heap->free[cls] = list;

@@ -81,6 +81,7 @@ enum {
 #define HAK_LARGE_KEPT 4 /* freed large blocks a heap keeps for its next ones */
 #define HAK_SMALL_CLASSES 32
 #define HAK_SLAB_CLASSES 54 /* classes below live in slabs, the others in spans */
+_Static_assert(HAK_SLAB_CLASSES < 64, "a mask of slab classes fits a word");
 #define HAK_CLASSES 73
 #define HAK_ATTACH_MAX 4 /* slabs of a class attached to its heap at once */
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
@@ -249,6 +250,9 @@ struct hak_heap_s {
    * blocks of, those refilled since, the refills since, and the refills
    * between two. */
   uint64_t span_trimmed, span_refilled;
+  /* Slab classes refilled since the last new slab and between the two
+   * before; those looked at while idle (slab.c, classes_reclaim_idle). */
+  uint64_t slab_refilled, slab_refilled_before, slab_checked;
   uint32_t span_refills, span_trim_period;
   size_t span_given_in_row; /* by overflows that found what the last one left */
   hak_block_t *span_left[HAK_SPAN_CLASSES]; /* each cache's list after its last overflow */

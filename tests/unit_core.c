@@ -1186,6 +1186,53 @@ TEST(freed_slab_units_serve_another_class) {
   free(q);
 }
 
+/* A new slab of the given size's class, which had none: taking it looks
+ * at the classes that refilled before the last two new slabs. */
+static void *new_class_block(size_t size) {
+  size_t taken = atomic_load(&hak_gstats.slabs_allocated);
+  void *p = malloc(size);
+  REQUIRE(p != NULL);
+  REQUIRE(atomic_load(&hak_gstats.slabs_allocated) == taken + 1);
+  return p;
+}
+
+TEST(a_class_left_with_every_block_free_gives_its_slab_to_new_classes) {
+  /* 16 blocks of 3,000 B written and freed, as a buffer grown by realloc
+   * leaves a class: the third new class's slab finds the class idle, its
+   * blocks all on the heap's list, and takes its unit, committed. One
+   * block still out keeps a class's slab. */
+  hak_opt.purge_delay_ms = 100000;
+  start_purger(); /* before: starting it allocates */
+  hak_release_all();
+  enum { N = 16 };
+  char *left[N], *kept[N];
+  for (int i = 0; i < N; i++) {
+    left[i] = malloc(3000);
+    kept[i] = malloc(1800);
+    memset(left[i], 1, 3000);
+    memset(kept[i], 1, 1800);
+  }
+  hak_slab_t *gone = slab_of_ptr(left[0]), *stays = slab_of_ptr(kept[0]);
+  for (int i = 0; i < N; i++) free(left[i]);
+  for (int i = 1; i < N; i++) free(kept[i]);
+  REQUIRE(gone->state == HAK_SLAB_ACTIVE);
+  void *a = new_class_block(5000), *b = new_class_block(6000);
+  CHECK(gone->state == HAK_SLAB_ACTIVE); /* idle for one new slab only */
+  void *c = new_class_block(7000);
+  CHECK_MSG(slab_of_ptr(c) == gone, "the new slab took unit %u, not the idle class's %u",
+            slab_of_ptr(c)->index, gone->index);
+  CHECK(hak_tls_heap->free[hak_size_class(3000)] == NULL);
+  CHECK(stays->state == HAK_SLAB_ACTIVE);
+  CHECK(hak_tls_heap->free[hak_size_class(1800)] != NULL);
+  void *again = malloc(3000); /* the class takes a slab again */
+  CHECK(again != NULL && slab_of_ptr(again) != slab_of_ptr(c));
+  free(again);
+  free(a);
+  free(b);
+  free(c);
+  free(kept[0]);
+}
+
 /* A 4-unit slab (a busy class's) with one committed free unit and fresh
  * ones: it takes the committed unit, shortened to it, rather than touch
  * new memory. */
