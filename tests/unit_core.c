@@ -1501,6 +1501,33 @@ TEST(thousands_of_free_runs_are_found_by_their_handles) {
   hak_release_all(); /* walks every run of the segments that go */
 }
 
+/* The usable size of a new block of the given size. */
+static size_t class_usable(size_t size) { return hak_class_size[hak_size_class(size + HAK_CANARY)] - HAK_CANARY; }
+
+TEST(a_slab_block_grown_by_a_little_moves_a_quarter_up) {
+  uint8_t *p = malloc(1000);
+  REQUIRE(p != NULL);
+  fill(p, 1000, 5); /* the bytes asked for (the sanitizers check the object size) */
+  size_t old = malloc_usable_size(p);
+  uint8_t *q = realloc(p, old + 1); /* a class an eighth up would hold it */
+  REQUIRE(q != NULL);
+  CHECK_MSG(malloc_usable_size(q) >= old + old / 4, "%zu B grew to %zu", old, malloc_usable_size(q));
+  CHECK(verify(q, 1000, 5) == 1000);
+  size_t big = 2 * malloc_usable_size(q) + 1; /* more than a quarter: the size asked */
+  uint8_t *r = realloc(q, big);
+  REQUIRE(r != NULL);
+  CHECK(malloc_usable_size(r) == class_usable(big));
+  CHECK(verify(r, 1000, 5) == 1000);
+  free(r);
+  uint8_t *s = malloc(6000); /* a quarter up is past the slab classes: the size asked */
+  REQUIRE(s != NULL);
+  old = malloc_usable_size(s);
+  uint8_t *t = realloc(s, old + 1);
+  REQUIRE(t != NULL);
+  CHECK_MSG(malloc_usable_size(t) == class_usable(old + 1), "%zu B grew to %zu", old, malloc_usable_size(t));
+  free(t);
+}
+
 TEST(span_realloc_grows_and_shrinks_in_place) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
