@@ -74,21 +74,19 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
   return slab->block_size - HAK_CANARY;
 }
 
-/* A slab block grown by less than a quarter moves to a class at least a
- * quarter bigger: the slab classes are an eighth apart, and a buffer grown
- * in small steps (a string appended to) moved to each, copying every time
- * (16 buffers grown by 100 B to 8,000 B: twice mimalloc's bytes copied, at
- * 0.85x its speed). A size in the span classes moves to its own class, a
- * quarter apart already. */
-static inline size_t grown_size(size_t size, size_t old) {
-  size_t more = old + old / 4;
-  return size > old && size < more && more <= HAK_SLAB_MAX - HAK_CANARY ? more : size;
-}
-
+/* A block grown by a quarter or less (a string appended to) grows again:
+ * a large one is committed whole at once (large.c), and a slab block moves
+ * to a class at least a quarter bigger while that is a slab class (the slab
+ * classes are an eighth apart, and a buffer grown in small steps was
+ * copied at each: 16 buffers grown by 100 B to 8,000 B copied twice
+ * mimalloc's bytes, at 0.85x its speed). The span classes are a quarter
+ * apart already. */
 HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
+  bool small_step = size > old && size - old <= old / 4;
+  size_t more = old + old / 4;
   void *q = size > old && size > HAK_FAST_MAX - HAK_CANARY
-                ? hak_large_alloc_grown(size, size - old <= old / 4)
-                : hak_malloc_inline(grown_size(size, old));
+                ? hak_large_alloc_grown(size, small_step)
+                : hak_malloc_inline(small_step && more <= HAK_SLAB_MAX - HAK_CANARY ? more : size);
   if (q == NULL) return NULL;
   memcpy(q, p, size < old ? size : old);
   hak_free_inline(p);
