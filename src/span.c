@@ -918,13 +918,19 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
 
 /* ---- realloc ---- */
 
+/* What resize_in_place did. */
+typedef enum { RESIZED, NO_ROOM, ROOM_UNUSED } resize_t;
+
 /* The block at p, of class cls, becomes one of class ncls where it is:
  * shorter, its tail given back, or longer, into the free run after it.
- * False (nothing changed) when there is no room after it. */
-static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
+ * A zero run after it is left when a dirty run elsewhere fits the longer
+ * block (ROOM_UNUSED): its pages would grow the memory the program
+ * touches, while the block can move to pages touched already (buffers
+ * grown round after round took new pages at every round). */
+static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
   uint32_t *pg = seg->span.page;
   unsigned first = page_index(p), n = class_pages(cls), m = class_pages(ncls);
-  bool done = true;
+  resize_t done = RESIZED;
   pthread_mutex_lock(&hak_span_lock);
   if (m < n) {
     pg[first + n - 1] = 0;
@@ -933,8 +939,11 @@ static bool resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls
   } else {
     uint32_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
     run_t *r = (w & HAK_PAGE_TAG) == HAK_PAGE_FREE ? run_of(w) : NULL;
-    done = r != NULL && r->pages >= m - n;
-    if (done) {
+    if (r == NULL || r->pages < m - n) {
+      done = NO_ROOM;
+    } else if (r->state != RUN_DIRTY && bin_find(0, m) != NULL) {
+      done = ROOM_UNUSED;
+    } else {
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;
       run_take_front(r, m - n);
@@ -952,11 +961,26 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
   if (size <= old && size >= old / 2) return p;
   if (size + HAK_CANARY > HAK_SLAB_MAX && size <= HAK_BIG_MAX - HAK_CANARY) {
     size_t ncls = hak_size_class(size + HAK_CANARY);
-    if (resize_in_place(seg, p, cls, ncls)) {
+    resize_t done = resize_in_place(seg, p, cls, ncls);
+    if (done == RESIZED) {
       hak_block_resized(p, hak_class_size[ncls]);
       HAK_CSTAT_FREE(cls);
       HAK_CSTAT_ALLOC(ncls, size);
       return p;
+    }
+    if (done == ROOM_UNUSED) {
+      /* The block left goes back to the page heap, not to the thread's
+       * cache, where only its class would take it (rg 16 100 200000 20,
+       * /tmp: 8.1 -> 7.9 MiB). free's own check comes first. */
+      if (hak_tls_heap->free[cls] == p) hak_double_free(p);
+      void *q = hak_malloc_inline(size);
+      if (q == NULL) return NULL;
+      memcpy(q, p, old);
+      hak_block_check_free(p, hak_class_size[cls]);
+      HAK_CSTAT_FREE(cls);
+      hak_set_next(p, NULL);
+      give_list(p);
+      return q;
     }
   }
   return hak_realloc_move(p, size, old);

@@ -1550,6 +1550,31 @@ TEST(span_realloc_grows_and_shrinks_in_place) {
   free(guard);
 }
 
+/* Growing into pages never used takes them only when no run of used ones
+ * fits: buffers grown again and again would otherwise touch new pages at
+ * every round. */
+TEST(span_realloc_grows_into_new_pages_only_when_no_used_run_fits) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *x = malloc(60000), *g1 = malloc(20000), *g2 = malloc(20000), *a = malloc(20000);
+  REQUIRE(x && g1 && g2 && a && g1 == x + 65536 && g2 == g1 + 20480 && a == g2 + 20480);
+  fill(a, 20000, 3);
+  uint8_t *r = realloc(a, 40000); /* no free run of used pages: in place */
+  CHECK(r == a);
+  CHECK(malloc_usable_size(r) == 40960);
+  free(x);
+  flush_span_caches(); /* x's 16 pages: a free run of used pages */
+  uint8_t *s = realloc(r, 45000);
+  CHECK(s == x);
+  CHECK(verify(s, 20000, 3) == 20000);
+  CHECK(malloc_usable_size(s) == 49152);
+  CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE); /* not in a cache */
+  free(s);
+  free(g1);
+  free(g2);
+}
+
 TEST(calloc_of_a_span_is_zero_on_reused_pages) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
