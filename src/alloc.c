@@ -81,12 +81,16 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
  * copied at each: 16 buffers grown by 100 B to 8,000 B copied twice
  * mimalloc's bytes, at 0.85x its speed). The span classes are a quarter
  * apart already. */
-HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
+void *hak_realloc_block(size_t size, size_t old) {
   bool small_step = size > old && size - old <= old / 4;
   size_t more = old + old / 4;
-  void *q = size > old && size > HAK_FAST_MAX - HAK_CANARY
-                ? hak_large_alloc_grown(size, small_step)
-                : hak_malloc_inline(small_step && more <= HAK_SLAB_MAX - HAK_CANARY ? more : size);
+  return size > old && size > HAK_FAST_MAX - HAK_CANARY
+             ? hak_large_alloc_grown(size, small_step)
+             : hak_malloc_inline(small_step && more <= HAK_SLAB_MAX - HAK_CANARY ? more : size);
+}
+
+HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
+  void *q = hak_realloc_block(size, old);
   if (q == NULL) return NULL;
   memcpy(q, p, size < old ? size : old);
   hak_free_inline(p);

@@ -395,6 +395,8 @@ void *hak_realloc_impl(void *p, size_t size);
 /* realloc's copy: a new block for p (old usable bytes) of size > 0, p
  * freed; NULL, p still valid, when out of memory. */
 HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old);
+/* The new block hak_realloc_move takes, not yet written. */
+void *hak_realloc_block(size_t size, size_t old);
 /* What hak_usable_size_inline does not handle: NULL, large blocks, and
  * pointers that are not a block in use (it aborts, naming the fault). */
 HAK_NOINLINE size_t hak_usable_size_generic(const void *p);

@@ -1575,6 +1575,28 @@ TEST(span_realloc_grows_into_new_pages_only_when_no_used_run_fits) {
   free(g2);
 }
 
+/* A block of 32 KiB or more that realloc moves goes back to the page heap
+ * (any size can take its pages); a smaller one to the thread's cache. */
+TEST(span_realloc_gives_a_big_block_it_moves_to_the_page_heap) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *s = malloc(20000), *s2 = malloc(20000), *a = malloc(40000), *guard = malloc(40000);
+  REQUIRE(s && s2 && a && guard && s2 == s + 20480 && guard == a + 40960);
+  fill(s, 20000, 4);
+  fill(a, 40000, 5);
+  uint8_t *t = realloc(s, 30000), *b = realloc(a, 60000); /* no room after either */
+  REQUIRE(t && b && t != s && b != a);
+  CHECK(verify(t, 20000, 4) == 20000);
+  CHECK(verify(b, 40000, 5) == 40000);
+  CHECK((page_word(s) & HAK_PAGE_TAG) == HAK_PAGE_USED); /* in the cache */
+  CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  free(t);
+  free(b);
+  free(s2);
+  free(guard);
+}
+
 TEST(calloc_of_a_span_is_zero_on_reused_pages) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
