@@ -925,8 +925,9 @@ typedef enum { RESIZED, NO_ROOM, ROOM_UNUSED } resize_t;
  * shorter, its tail given back, or longer, into the free run after it.
  * A zero run after it is left when a dirty run elsewhere fits the longer
  * block (ROOM_UNUSED): its pages would grow the memory the program
- * touches, while the block can move to pages touched already (buffers
- * grown round after round took new pages at every round). */
+ * touches, while the block can move to pages touched already, its own
+ * going back to the page heap (buffers grown round after round took new
+ * pages at every round). */
 static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
   uint32_t *pg = seg->span.page;
   unsigned first = page_index(p), n = class_pages(cls), m = class_pages(ncls);
