@@ -735,6 +735,13 @@ void hak_span_heap_retire(hak_heap_t *heap) {
   hak_span_heap_init(heap);
 }
 
+/* free's checks of block b of class cls, counted as freed. */
+static void block_freed(hak_heap_t *heap, size_t cls, hak_block_t *b) {
+  if (heap->free[cls] == b) hak_double_free(b); /* the sentinel's lists are empty */
+  hak_block_check_free(b, hak_class_size[cls]);
+  HAK_CSTAT_FREE(cls);
+}
+
 /* free's fast path found the block at p (in span segment seg) not a block
  * in use, or the one freed just before, or its class's cache full, or the
  * thread without a heap: names the fault, or frees the block the long way. */
@@ -742,9 +749,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   size_t cls = block_class(seg, p), c = cls - HAK_SLAB_CLASSES;
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
-  if (heap->free[cls] == b) hak_double_free(b); /* the sentinel's lists are empty */
-  hak_block_check_free(b, hak_class_size[cls]);
-  HAK_CSTAT_FREE(cls);
+  block_freed(heap, cls, b);
   if (heap == &hak_heap_empty) heap = hak_heap_for_free();
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
@@ -966,14 +971,12 @@ static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t 
 #define MOVE_GIVES_BACK ((size_t)32 * 1024)
 
 /* hak_realloc_move, but the block at p, of class cls, goes back to the
- * page heap, its own check first as free makes them. */
+ * page heap after free's checks. */
 static void *move_giving_back(void *p, size_t size, size_t old, size_t cls) {
-  if (hak_tls_heap->free[cls] == p) hak_double_free(p);
   void *q = hak_realloc_block(size, old);
   if (q == NULL) return NULL;
   memcpy(q, p, old);
-  hak_block_check_free(p, hak_class_size[cls]);
-  HAK_CSTAT_FREE(cls);
+  block_freed(hak_tls_heap, cls, p);
   hak_set_next(p, NULL);
   give_list(p);
   return q;
