@@ -12,7 +12,7 @@ static void *refill_class(size_t size, hak_heap_t *heap, size_t cls) {
  * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
  * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
-  void *b = hak_heap_pop_any(heap, cls);
+  void *b = hak_heap_pop(heap, cls);
   if (HAK_UNLIKELY(b == NULL)) return refill_class(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
@@ -53,15 +53,15 @@ void *hak_alloc_zero(size_t count, size_t size) {
   /* Only a span refill may hand out zero memory (heap->clean); a list may
    * hold blocks freed since. */
   bool clean = false;
-  void *p = hak_heap_pop_any(heap, cls);
+  void *p = hak_heap_pop(heap, cls);
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
     if ((p = refill_class(total, heap, cls)) == NULL) return NULL;
     clean = hak_tls_heap->clean[cls];
   }
-  /* A never-used block of fresh memory holds only its old link word. */
-  memset(p, 0, clean && total > sizeof(hak_block_t) ? sizeof(hak_block_t) : total);
+  /* A never-used block of fresh memory holds only its old list words. */
+  memset(p, 0, clean && total > HAK_SPAN_LINK_BYTES ? HAK_SPAN_LINK_BYTES : total);
   return p;
 }
 

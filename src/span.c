@@ -627,28 +627,23 @@ size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
 
 void hak_span_heap_init(hak_heap_t *heap) {
   heap->span_trim_period = TRIM_MIN;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
-    heap->span_max[c] = heap->span_room[c] = heap->span_room_hi[c] =
-        (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    heap->span_max[c] = heap->span_limit[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
+    heap->span_low[c] = 0;
+  }
 }
 
 size_t hak_span_cache_growth(void) {
   return atomic_load_explicit(&grown_all, memory_order_relaxed);
 }
 
-/* Blocks in the heap's cache of cls. */
-static unsigned cache_count(const hak_heap_t *heap, size_t cls) {
-  size_t c = cls - HAK_SLAB_CLASSES;
-  return (unsigned)(heap->span_max[c] - heap->span_room[c]);
-}
-
 /* The bound of the cache of class HAK_SLAB_CLASSES + c moves by n blocks
- * of bs bytes, and its room with it (n < 0: the sums wrap back). */
+ * of bs bytes, and free's limit with it (n < 0: the sums wrap back). Not
+ * while the heap drains (refills end that first). */
 static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
   size_t bytes = (size_t)n * bs;
-  heap->span_max[c] = (uint16_t)(heap->span_max[c] + n);
-  heap->span_room[c] = (uint16_t)(heap->span_room[c] + n);
-  heap->span_room_hi[c] = (uint16_t)(heap->span_room_hi[c] + n);
+  HAK_ASSERT(!heap->draining);
+  heap->span_max[c] = heap->span_limit[c] = (uint16_t)(heap->span_max[c] + n);
   heap->span_grown += bytes;
   atomic_fetch_add_explicit(&grown_all, bytes, memory_order_relaxed);
 }
@@ -687,7 +682,7 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   pthread_mutex_unlock(&hak_span_lock);
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t c = (size_t)__builtin_ctzll(m);
-    heap->span_room[c] = heap->draining ? 0 : heap->span_max[c];
+    heap->span_limit[c] = heap->draining ? 0 : heap->span_max[c];
   }
   hak_purge_wake();
 }
@@ -704,13 +699,13 @@ void hak_span_flush(hak_heap_t *heap) {
 static void drain(hak_heap_t *heap) {
   heap->draining = 1;
   hak_span_flush(heap);
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = 0;
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_limit[c] = 0;
 }
 
 static void drain_end(hak_heap_t *heap) {
   drain_give(heap);
   heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_room[c] = heap->span_max[c];
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_limit[c] = heap->span_max[c];
 }
 
 /* The caches go back, empty but with the bounds they grew to: the thread
@@ -725,8 +720,10 @@ void hak_span_heap_done(hak_heap_t *heap) {
   heap->span_refills = 0;
   heap->span_trimmed = heap->span_refilled = 0;
   heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
-    heap->span_room[c] = heap->span_room_hi[c] = heap->span_max[c];
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    heap->span_limit[c] = heap->span_max[c];
+    heap->span_low[c] = 0;
+  }
 }
 
 void hak_span_heap_retire(hak_heap_t *heap) {
@@ -743,8 +740,9 @@ static void block_freed(hak_heap_t *heap, size_t cls, hak_block_t *b) {
 }
 
 /* free's fast path found the block at p (in span segment seg) not a block
- * in use, or the one freed just before, or its class's cache full, or the
- * thread without a heap: names the fault, or frees the block the long way. */
+ * in use, or the one freed just before, or its class's cache empty or
+ * full, or the thread without a heap: names the fault, or frees the block
+ * the long way. */
 HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   size_t cls = block_class(seg, p), c = cls - HAK_SLAB_CLASSES;
   hak_heap_t *heap = hak_tls_heap;
@@ -760,11 +758,12 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     drain_add(heap, c, b);
     return;
   }
-  unsigned n = cache_count(heap, cls) + 1; /* with b */
+  unsigned held = hak_span_count(heap, cls), n = held + 1; /* with b */
   hak_set_next(b, heap->free[cls]);
+  *hak_span_depth(b) = n;
   heap->free[cls] = b;
-  if (heap->span_room[c] != 0) { /* the heap was new */
-    hak_span_room_take(heap, c, heap->span_room[c]);
+  if (held < heap->span_limit[c]) { /* it was empty, or the heap new */
+    hak_span_low_note(heap, c, held);
     return;
   }
   /* Full: the batch freed last, this block first, goes back to the page
@@ -778,7 +777,6 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   bool only_frees = rest == heap->span_left[c];
   heap->free[cls] = heap->span_left[c] = rest;
   hak_set_next(last, NULL);
-  heap->span_room[c] = (uint16_t)(n - 1);
   heap->span_overflowed |= UINT64_C(1) << c;
   give_list(b);
   heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
@@ -815,8 +813,8 @@ static void trim_unused(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
     /* the caches given back, a batch overflowed */
-    hak_span_room_note(heap, c, heap->span_room[c]);
-    unsigned low = heap->span_max[c] - heap->span_room_hi[c]; /* fewest held */
+    hak_span_low_note(heap, c, hak_span_count(heap, cls));
+    unsigned low = heap->span_low[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
       heap->span_trimmed |= UINT64_C(1) << c;
@@ -825,11 +823,10 @@ static void trim_unused(hak_heap_t *heap) {
       heap->free[cls] = hak_next(last);
       hak_set_next(last, give);
       give = first;
-      heap->span_room[c] = (uint16_t)(heap->span_room[c] + n);
       unsigned grown = heap->span_max[c] - batch_of(cls);
       bound_move(heap, c, -(int)(n < grown ? n : grown), hak_class_size[cls]);
     }
-    heap->span_room_hi[c] = heap->span_room[c];
+    heap->span_low[c] = (uint16_t)hak_span_count(heap, cls);
   }
   if (give) give_list(give);
 }
@@ -838,15 +835,17 @@ static void trim_unused(hak_heap_t *heap) {
 static size_t caches_bytes(const hak_heap_t *heap) {
   size_t bytes = 0;
   for (size_t cls = HAK_SLAB_CLASSES; cls < HAK_SLAB_CLASSES + HAK_SPAN_CLASSES; cls++)
-    bytes += (size_t)cache_count(heap, cls) * hak_class_size[cls];
+    bytes += (size_t)hak_span_count(heap, cls) * hak_class_size[cls];
   return bytes;
 }
 
-/* The heap's empty cache of cls takes list, n blocks, zero memory if clean. */
+/* The heap's empty cache of cls takes list, n blocks, zero memory if
+ * clean; each block is numbered with its depth (a batch of the transfer
+ * was the top of another cache). */
 static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, unsigned n, bool clean) {
-  size_t c = cls - HAK_SLAB_CLASSES;
   heap->free[cls] = list;
-  heap->span_room[c] = (uint16_t)(heap->span_max[c] - n);
+  for (hak_block_t *b = list; b != NULL; b = hak_next(b)) *hak_span_depth(b) = n--;
+  HAK_ASSERT(n == 0);
   heap->clean[cls] = clean;
 }
 
@@ -898,7 +897,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   heap->span_given_in_row = 0;
   if (heap->draining) drain_end(heap);
   size_t c = cls - HAK_SLAB_CLASSES;
-  heap->span_room_hi[c] = heap->span_max[c]; /* it ran dry */
+  heap->span_low[c] = 0; /* it ran dry */
   heap->span_refilled |= UINT64_C(1) << c;
   if (++heap->span_refills >= heap->span_trim_period) {
     heap->span_refills = 0;
@@ -916,7 +915,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   } else if (heap->clean[cls] && caches_bytes(heap) > TRIM_FRESH_BYTES) {
     trim_unused(heap);
   }
-  void *b = hak_span_pop(heap, cls);
+  void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();
   return hak_refill_done(b, cls, size);
 }

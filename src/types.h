@@ -231,19 +231,20 @@ struct hak_heap_s {
   hak_slab_t *attached[HAK_SLAB_CLASSES][HAK_ATTACH_MAX];
   uint8_t attached_n[HAK_SLAB_CLASSES];
   hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
-  /* Span classes (span.c): how many more blocks free[c] may take, and
-   * how many it may hold; the most room it had since the last trim (the
-   * fewest blocks); the bytes by which the bounds have grown in all; which
-   * caches overflowed since they last ran dry. */
+  /* Span classes (span.c): how many blocks free[c] may hold before free
+   * takes the slow path (0 while the heap drains), and how many it may hold;
+   * the fewest it held since the last trim; the bytes by which the bounds
+   * have grown in all; which caches overflowed since they last ran dry.
+   * How many it holds is its head block's (hak_span_depth). */
   union {
     struct {
-      uint16_t span_room_none[HAK_SLAB_CLASSES]; /* 0: free's room test rejects class 0 */
-      uint16_t span_room[HAK_SPAN_CLASSES];
+      uint16_t span_limit_none[HAK_SLAB_CLASSES]; /* slab classes: unused */
+      uint16_t span_limit[HAK_SPAN_CLASSES];
     };
-    uint16_t span_room_of[HAK_CLASSES]; /* by class */
+    uint16_t span_limit_of[HAK_CLASSES]; /* by class */
   };
   uint16_t span_max[HAK_SPAN_CLASSES];
-  uint16_t span_room_hi[HAK_SPAN_CLASSES];
+  uint16_t span_low[HAK_SPAN_CLASSES];
   size_t span_grown;
   uint64_t span_overflowed;
   /* The trims (span.c, trim_unused): the span classes the last one gave

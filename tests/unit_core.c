@@ -1346,12 +1346,9 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
 }
 
 /* The heap's cache of a class holds the blocks freed to it, counted by
- * the room it has left. */
+ * its head block's depth. */
 static size_t cache_len(size_t cls) { return list_len(hak_tls_heap->free[cls]); }
-static unsigned cache_counted(size_t cls) {
-  size_t c = cls - HAK_SLAB_CLASSES;
-  return (unsigned)(hak_tls_heap->span_max[c] - hak_tls_heap->span_room[c]);
-}
+static unsigned cache_counted(size_t cls) { return hak_span_count(hak_tls_heap, cls); }
 
 TEST(span_frees_go_to_the_cache_of_the_freeing_thread) {
   size_t cls = hak_size_class(40000);
@@ -2045,7 +2042,11 @@ TEST(a_thread_that_only_frees_hands_its_batches_over) {
     more[m++] = malloc(16000);
   }
   void *got[BATCH];
-  for (int i = 0; i < BATCH; i++) got[i] = malloc(16000);
+  got[0] = malloc(16000);
+  /* the batch, the top of the other thread's frees, counted as this cache */
+  CHECK_MSG(cache_counted(cls) == cache_len(cls), "%u counted, %zu held", cache_counted(cls),
+            cache_len(cls));
+  for (int i = 1; i < BATCH; i++) got[i] = malloc(16000);
   int j = 0;
   while (j < N && ps[j] != got[0]) j++;
   CHECK_MSG(j < N, "%p: not a block the thread freed", got[0]);
