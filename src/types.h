@@ -231,9 +231,9 @@ struct hak_heap_s {
   hak_slab_t *attached[HAK_SLAB_CLASSES][HAK_ATTACH_MAX];
   uint8_t attached_n[HAK_SLAB_CLASSES];
   hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
-  /* Span classes (span.c): how many blocks free[c] may hold before free
-   * takes the slow path (0 while the heap drains), and how many it may hold;
-   * the fewest it held since the last trim; the bytes by which the bounds
+  /* Span classes (span.c): the blocks free[c] may hold for free's fast
+   * path (its bound, or 0 while the heap drains), and its bound; the
+   * fewest it held since the last trim; the bytes by which the bounds
    * have grown in all; which caches overflowed since they last ran dry.
    * How many it holds is its head block's (hak_span_depth). */
   union {
