@@ -492,8 +492,11 @@ static inline unsigned transfer_max(size_t c) {
   return (unsigned)(TRANSFER_BYTES / (batch_of(cls) * hak_class_size[cls]));
 }
 
-/* After the block's link and, in checked builds, its free tag. */
-static inline hak_block_t **batch_link(hak_block_t *batch) { return &((hak_block_t **)batch)[2]; }
+/* The word of a cached block's depth, free while the batch waits here: the
+ * refill that takes the batch numbers it again (cache_set). */
+static inline hak_block_t **batch_link(hak_block_t *batch) {
+  return (hak_block_t **)hak_span_depth(batch);
+}
 
 static void transfer_push(size_t c, hak_block_t *batch) {
   transfer_t *t = &transfer[c];
@@ -841,7 +844,7 @@ static size_t caches_bytes(const hak_heap_t *heap) {
 
 /* The heap's empty cache of cls takes list, n blocks, zero memory if
  * clean; each block is numbered with its depth (a batch of the transfer
- * was the top of another cache). */
+ * was the top of another cache, its first block's depth word its link). */
 static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, unsigned n, bool clean) {
   heap->free[cls] = list;
   for (hak_block_t *b = list; b != NULL; b = hak_next(b)) *hak_span_depth(b) = n--;
