@@ -493,7 +493,7 @@ static inline unsigned transfer_max(size_t c) {
 }
 
 /* The word of a cached block's depth, free while the batch waits here: the
- * refill that takes the batch numbers it again (cache_set). */
+ * refill that takes the batch numbers it again (batch_number). */
 static inline hak_block_t **batch_link(hak_block_t *batch) {
   return (hak_block_t **)hak_span_depth(batch);
 }
@@ -717,16 +717,12 @@ static void drain_end(hak_heap_t *heap) {
  * overflow and refill through the page heap until its caches grew again. */
 void hak_span_heap_done(hak_heap_t *heap) {
   hak_span_flush(heap);
-  drain_give(heap);
+  drain_end(heap);
   heap->span_overflowed = 0;
   heap->span_given_in_row = 0;
   heap->span_refills = 0;
   heap->span_trimmed = heap->span_refilled = 0;
-  heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
-    heap->span_limit[c] = heap->span_max[c];
-    heap->span_low[c] = 0;
-  }
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_low[c] = 0;
 }
 
 void hak_span_heap_retire(hak_heap_t *heap) {
@@ -842,14 +838,18 @@ static size_t caches_bytes(const hak_heap_t *heap) {
   return bytes;
 }
 
-/* The heap's empty cache of cls takes list, n blocks, zero memory if
- * clean; each block is numbered with its depth (a batch of the transfer
- * was the top of another cache, its first block's depth word its link). */
-static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, unsigned n, bool clean) {
+/* The heap's empty cache of cls takes list, its blocks numbered with
+ * their depths, zero memory if clean. */
+static void cache_set(hak_heap_t *heap, size_t cls, hak_block_t *list, bool clean) {
   heap->free[cls] = list;
-  for (hak_block_t *b = list; b != NULL; b = hak_next(b)) *hak_span_depth(b) = n--;
-  HAK_ASSERT(n == 0);
   heap->clean[cls] = clean;
+}
+
+/* A batch of the transfer, n blocks, numbered with their depths: it was
+ * the top of another cache, its first block's depth word its link. */
+static void batch_number(hak_block_t *batch, unsigned n) {
+  for (hak_block_t *b = batch; b != NULL; b = hak_next(b)) *hak_span_depth(b) = n--;
+  HAK_ASSERT(n == 0);
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
@@ -883,9 +883,10 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
   hak_block_t *head = NULL;
   for (unsigned i = got; i-- > 0;) {
     hak_set_next(taken[i], head);
+    *hak_span_depth(taken[i]) = got - i;
     head = taken[i];
   }
-  cache_set(heap, cls, head, got, clean);
+  cache_set(heap, cls, head, clean);
   return got;
 }
 
@@ -909,7 +910,8 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
   if (batch != NULL) {
-    cache_set(heap, cls, batch, batch_of(cls), false);
+    batch_number(batch, batch_of(cls));
+    cache_set(heap, cls, batch, false);
   } else if (cache_fill(heap, cls, batch_of(cls)) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again. */
