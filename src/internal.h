@@ -72,6 +72,9 @@ bool hak_os_move(void *old, size_t size, void *target);
 /* The pages of a and b trade places, through scratch (reserved, unused);
  * false (nothing moved) if the first move fails. */
 bool hak_os_swap(void *a, void *b, void *scratch, size_t size);
+/* Bytes of [p, p + size) resident (mincore), at most 64 pages; size if
+ * the kernel cannot tell. */
+size_t hak_os_resident(void *p, size_t size);
 /* mremap: in place when target is NULL, else moved to target (replacing
  * what is mapped there); NULL on failure. */
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);

@@ -158,6 +158,14 @@ bool hak_os_move(void *old, size_t size, void *target) {
   return true;
 }
 
+size_t hak_os_resident(void *p, size_t size) {
+  unsigned char vec[64];
+  size_t n = size >> HAK_PAGE_SHIFT, in = 0;
+  if (n > sizeof vec || mincore(p, size, vec) != 0) return size;
+  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+  return in << HAK_PAGE_SHIFT;
+}
+
 bool hak_os_swap(void *a, void *b, void *scratch, size_t size) {
   if (!move_fixed(a, size, scratch)) return false;
   if (!move_fixed(b, size, a)) {

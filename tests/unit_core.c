@@ -429,6 +429,54 @@ TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
   free(after);
 }
 
+/* Blocks of two chunks (never kept by the thread) churned over 8 slots,
+ * each written whole or at its first byte only. */
+static void churn_two_chunk_blocks(size_t steps, int write_all) {
+  uint8_t *slot[8] = {0};
+  size_t sz = HAK_LARGE_GRAIN + 64 * 1024;
+  uint32_t r = 12345;
+  for (size_t i = 0; i < steps; i++) {
+    r = r * 1103515245u + 12345u;
+    uint8_t **s = &slot[(r >> 16) % 8];
+    if (*s) {
+      free(*s);
+      *s = NULL;
+    } else if ((*s = malloc(sz)) != NULL) {
+      if (write_all) memset(*s, 1, sz);
+      else (*s)[0] = 1;
+    }
+  }
+  for (int k = 0; k < 8; k++) free(slot[k]);
+}
+
+/* With every free chunk purged, the pages of a new block of four chunks
+ * resident right after its malloc: 256 if it took a dirty chunk's pages,
+ * the header's only if not; -1 if the setup failed. */
+static int pages_a_new_block_takes(void) {
+  hak_collect(true);
+  uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
+  if (a == NULL || resident_pages(a, 64 * 4096) != 64) return -1;
+  uint8_t *b = malloc(FOUR_CHUNKS);
+  int taken = b ? resident_pages(b, 256 * 4096) : -1;
+  free(b);
+  free(before);
+  free(after);
+  return taken;
+}
+
+/* Pages move to a new block while the blocks freed before wrote most of
+ * theirs, and not after blocks that wrote their first byte only: each
+ * move would have cost an mremap for a page or two. */
+TEST(pages_move_to_a_new_large_block_only_while_freed_blocks_wrote_theirs) {
+  hak_opt.purge_delay_ms = 100000;
+  churn_two_chunk_blocks(1200, 0);
+  int taken = pages_a_new_block_takes();
+  CHECK_MSG(taken >= 0 && taken <= 1, "%d pages resident after blocks that wrote one byte", taken);
+  churn_two_chunk_blocks(2000, 1);
+  taken = pages_a_new_block_takes();
+  CHECK_MSG(taken == 256, "%d of 256 pages resident after blocks written whole", taken);
+}
+
 /* A block aligned to a chunk starts a chunk after its header, which needs
  * the header's page only: a free chunk's pages go under the block's bytes. */
 TEST(a_chunk_aligned_block_takes_committed_pages_for_its_bytes_not_its_header) {
