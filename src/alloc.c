@@ -41,6 +41,13 @@ void *hak_alloc_aligned(size_t align, size_t size) {
   return hak_large_alloc(size, align, false);
 }
 
+HAK_NOINLINE int hak_posix_memalign_generic(void **out, size_t align, size_t size) {
+  void *p = hak_alloc_aligned(align, size);
+  if (p == NULL) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
 void *hak_alloc_zero(size_t count, size_t size) {
   size_t total;
   if (HAK_UNLIKELY(__builtin_mul_overflow(count, size, &total))) {

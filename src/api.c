@@ -17,22 +17,16 @@ void *hak_reallocarray(void *p, size_t count, size_t size) {
   return hak_realloc_impl(p, total);
 }
 
-static bool valid_alignment(size_t align) { return align != 0 && (align & (align - 1)) == 0; }
-
 void *hak_aligned_alloc(size_t align, size_t size) {
-  if (!valid_alignment(align)) {
+  if (!hak_valid_alignment(align)) {
     errno = EINVAL;
     return NULL;
   }
-  return hak_alloc_aligned(align, size);
+  return hak_alloc_aligned_inline(align, size);
 }
 
 int hak_posix_memalign(void **out, size_t align, size_t size) {
-  if (!valid_alignment(align) || align < sizeof(void *)) return EINVAL;
-  void *p = hak_alloc_aligned(align, size);
-  if (p == NULL) return ENOMEM;
-  *out = p;
-  return 0;
+  return hak_posix_memalign_inline(out, align, size);
 }
 
 void hak_collect(bool force) {

@@ -393,6 +393,8 @@ HAK_NOINLINE void hak_free_generic(void *p);
 /* Hands over the blocks the heap's outboxes hold (free.c). */
 void hak_free_flush_outboxes(hak_heap_t *heap);
 void *hak_alloc_aligned(size_t align, size_t size);
+/* posix_memalign past its inline pop (align valid). */
+HAK_NOINLINE int hak_posix_memalign_generic(void **out, size_t align, size_t size);
 void *hak_alloc_zero(size_t count, size_t size);
 void *hak_realloc_impl(void *p, size_t size);
 /* realloc's copy: a new block for p (old usable bytes) of size > 0, p
@@ -635,6 +637,44 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
 }
 
 HAK_INLINE void *hak_malloc_inline(size_t size) { return hak_malloc_pop_or(size, true); }
+
+/* An aligned block's hit: a pop from the list of the class of the size
+ * rounded up to the alignment, whose blocks all have it (alloc.c,
+ * alloc_aligned_slab); NULL for the rest, which alloc.c serves.
+ * posix_memalign of 64 B and of 4 KiB blocks went through two calls and
+ * ran at 0.97x tcmalloc's speed. */
+HAK_INLINE void *hak_aligned_pop(size_t align, size_t size) {
+  if (HAK_LIKELY(align <= HAK_SLAB_ALIGN_MAX && size - 1 < HAK_BIG_MAX - HAK_CANARY)) {
+    size_t need = (size + HAK_CANARY + align - 1) & ~(align - 1);
+    if (HAK_LIKELY(need <= HAK_BIG_MAX)) {
+      size_t cls = hak_size_class(need);
+      void *b = hak_heap_pop(hak_tls_heap, cls);
+      if (HAK_LIKELY(b != NULL)) {
+        HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
+        HAK_CSTAT_ALLOC(cls, size);
+        return b;
+      }
+    }
+  }
+  return NULL;
+}
+
+HAK_INLINE void *hak_alloc_aligned_inline(size_t align, size_t size) {
+  void *b = hak_aligned_pop(align, size);
+  return HAK_LIKELY(b != NULL) ? b : hak_alloc_aligned(align, size);
+}
+
+HAK_INLINE bool hak_valid_alignment(size_t align) { return align != 0 && (align & (align - 1)) == 0; }
+
+HAK_INLINE int hak_posix_memalign_inline(void **out, size_t align, size_t size) {
+  if (HAK_UNLIKELY(!hak_valid_alignment(align) || align < sizeof(void *))) return EINVAL;
+  void *p = hak_aligned_pop(align, size);
+  if (HAK_LIKELY(p != NULL)) {
+    *out = p;
+    return 0;
+  }
+  return hak_posix_memalign_generic(out, align, size);
+}
 
 /* The byte read again, so that the first read is a compare with memory
  * (a load apart would cost free's slab path an instruction). */

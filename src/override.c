@@ -25,9 +25,15 @@ EXPORT size_t malloc_usable_size(void *p) { return hak_usable_size_inline(p); }
 EXPORT void free_sized(void *p, size_t size) { hak_free_inline(p); }
 EXPORT void free_aligned_sized(void *p, size_t align, size_t size) { hak_free_inline(p); }
 EXPORT int posix_memalign(void **out, size_t align, size_t size) {
-  return hak_posix_memalign(out, align, size);
+  return hak_posix_memalign_inline(out, align, size);
 }
-EXPORT void *aligned_alloc(size_t align, size_t size) { return hak_aligned_alloc(align, size); }
+EXPORT void *aligned_alloc(size_t align, size_t size) {
+  if (HAK_UNLIKELY(!hak_valid_alignment(align))) {
+    errno = EINVAL;
+    return NULL;
+  }
+  return hak_alloc_aligned_inline(align, size);
+}
 /* glibc accepts any alignment for memalign, rounding up to a power of two. */
 EXPORT void *memalign(size_t align, size_t size) {
   if (align <= 16) return hak_malloc_inline(size);
@@ -38,9 +44,9 @@ EXPORT void *memalign(size_t align, size_t size) {
     }
     align = (size_t)1 << (64 - __builtin_clzl(align));
   }
-  return hak_alloc_aligned(align, size);
+  return hak_alloc_aligned_inline(align, size);
 }
-EXPORT void *valloc(size_t size) { return hak_alloc_aligned(HAK_PAGE_SIZE, size); }
+EXPORT void *valloc(size_t size) { return hak_alloc_aligned_inline(HAK_PAGE_SIZE, size); }
 EXPORT void *pvalloc(size_t size) {
   size_t rounded = (size + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1);
   if (rounded < size) {
@@ -93,7 +99,7 @@ static void *op_new_aligned(size_t size, size_t align, bool nothrow) {
     if (nothrow) return NULL;
     hak_fatal("hakmem: operator new with invalid alignment %zu", align);
   }
-  void *p = hak_alloc_aligned(align, size);
+  void *p = hak_alloc_aligned_inline(align, size);
   return p ? p : new_failed(size, align, nothrow);
 }
 
