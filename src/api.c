@@ -17,13 +17,7 @@ void *hak_reallocarray(void *p, size_t count, size_t size) {
   return hak_realloc_impl(p, total);
 }
 
-void *hak_aligned_alloc(size_t align, size_t size) {
-  if (!hak_valid_alignment(align)) {
-    errno = EINVAL;
-    return NULL;
-  }
-  return hak_alloc_aligned_inline(align, size);
-}
+void *hak_aligned_alloc(size_t align, size_t size) { return hak_aligned_alloc_inline(align, size); }
 
 int hak_posix_memalign(void **out, size_t align, size_t size) {
   return hak_posix_memalign_inline(out, align, size);

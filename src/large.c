@@ -444,7 +444,8 @@ static size_t samples, sample_in = 1;
 static void sample_written(const hak_segment_t *seg) {
   if (--sample_in) return;
   sample_in = written_share >= 64 && written_share <= 192 ? SAMPLE_NEAR : SAMPLE_FAR;
-  size_t first = seg->large_offset >> HAK_PAGE_SHIFT, pages = (seg->map_size >> HAK_PAGE_SHIFT) - first;
+  size_t first = seg->large_offset >> HAK_PAGE_SHIFT;
+  size_t pages = (seg->map_size >> HAK_PAGE_SHIFT) - first;
   if (pages < SAMPLE_PAGES) return;
   size_t at = first + (size_t)(++samples * 2654435761u) % (pages - SAMPLE_PAGES + 1);
   size_t window = SAMPLE_PAGES << HAK_PAGE_SHIFT;

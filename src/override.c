@@ -28,11 +28,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size) {
   return hak_posix_memalign_inline(out, align, size);
 }
 EXPORT void *aligned_alloc(size_t align, size_t size) {
-  if (HAK_UNLIKELY(!hak_valid_alignment(align))) {
-    errno = EINVAL;
-    return NULL;
-  }
-  return hak_alloc_aligned_inline(align, size);
+  return hak_aligned_alloc_inline(align, size);
 }
 /* glibc accepts any alignment for memalign, rounding up to a power of two. */
 EXPORT void *memalign(size_t align, size_t size) {
