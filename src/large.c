@@ -247,18 +247,21 @@ static void chunk_forget(size_t k) {
 static void chunks_claim(size_t i, size_t n, bool first) {
   size_t start = run_start(i), end = bit_next(used_bits, i, true);
   run_remove(start, end);
+  size_t was_dirty = 0, fresh = 0; /* counted once: the counters are atomic */
   for (size_t k = i; k < i + n; k++) {
     if (bit_get(dirty_bits, k)) {
       chunk_bin_remove(k);
       bit_set(dirty_bits, k, false);
-      dirty_add(dirt[k], false);
+      was_dirty += dirt[k];
     } else {
-      hak_stats_mapped(GRAIN, true);
+      fresh++;
     }
     bit_set(used_bits, k, true);
-    live_chunks++;
     head_mark[k] = first && k == i;
   }
+  live_chunks += n;
+  if (was_dirty) dirty_add(was_dirty, false);
+  if (fresh) hak_stats_mapped(fresh << GRAIN_SHIFT, true);
   /* the segment map sends every pointer of the arena's segments used so
    * far to hak_large_header */
   for (; high < i + n; high++)
@@ -289,13 +292,15 @@ static void chunks_free(size_t i, size_t n) {
 static void chunks_release(size_t i, size_t n, size_t used, size_t offset) {
   uint64_t now = hak_clock_ms();
   chunks_free(i, n);
+  size_t dirty = 0;
   for (size_t k = i; k < i + n; k++) {
     dirt_fold(k, chunk_use(used, offset, k - i));
     bit_set(dirty_bits, k, true);
     freed_ms[k] = now;
-    dirty_add(dirt[k], true);
+    dirty += dirt[k];
     chunk_bin_add(k);
   }
+  dirty_add(dirty, true);
 }
 
 /* A start for a block: the committed bytes it reuses there, those left
