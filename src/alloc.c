@@ -25,7 +25,7 @@ static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
  * each is a multiple of any align up to its step, and every multiple of a
  * larger align is a class itself. */
 static void *alloc_aligned_slab(size_t align, size_t size) {
-  size_t need = size + HAK_CANARY == 0 ? align : (size + HAK_CANARY + align - 1) & ~(align - 1);
+  size_t need = size + HAK_CANARY == 0 ? align : hak_aligned_need(size, align);
   if (need > HAK_BIG_MAX) return hak_large_alloc(size, align, false);
   size_t cls = hak_size_class(need);
   HAK_ASSERT(hak_class_size[cls] % align == 0);
@@ -35,7 +35,7 @@ static void *alloc_aligned_slab(size_t align, size_t size) {
 }
 
 void *hak_alloc_aligned(size_t align, size_t size) {
-  HAK_ASSERT(align != 0 && (align & (align - 1)) == 0);
+  HAK_ASSERT(hak_valid_alignment(align));
   if (align <= 16) return hak_malloc_inline(size);
   if (align <= HAK_SLAB_ALIGN_MAX && size <= HAK_BIG_MAX) return alloc_aligned_slab(align, size);
   return hak_large_alloc(size, align, false);

@@ -638,13 +638,18 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
 
 HAK_INLINE void *hak_malloc_inline(size_t size) { return hak_malloc_pop_or(size, true); }
 
-/* An aligned block's hit: a pop from the list of the class of the size
- * rounded up to the alignment, whose blocks all have it (alloc.c,
- * alloc_aligned_slab); NULL for the rest, which alloc.c serves. Through
- * two calls, posix_memalign's hit took 48 instructions; inline, 32. */
+/* The block size an aligned block of size bytes asks for: the size (and
+ * canary) rounded up to the alignment, whose class's blocks all have it
+ * (alloc.c, alloc_aligned_slab). */
+HAK_INLINE size_t hak_aligned_need(size_t size, size_t align) {
+  return (size + HAK_CANARY + align - 1) & ~(align - 1);
+}
+/* An aligned block's hit: a pop from the list of that class; NULL for the
+ * rest, which alloc.c serves. Through two calls, posix_memalign's hit took
+ * 48 instructions; inline, 32. */
 HAK_INLINE void *hak_aligned_pop(size_t align, size_t size) {
   if (HAK_LIKELY(align <= HAK_SLAB_ALIGN_MAX && size - 1 < HAK_BIG_MAX - HAK_CANARY)) {
-    size_t need = (size + HAK_CANARY + align - 1) & ~(align - 1);
+    size_t need = hak_aligned_need(size, align);
     if (HAK_LIKELY(need <= HAK_BIG_MAX)) {
       size_t cls = hak_size_class(need);
       void *b = hak_heap_pop(hak_tls_heap, cls);

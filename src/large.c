@@ -458,15 +458,21 @@ static void sample_written(const hak_segment_t *seg) {
   written_share = (written_share * 3 + (unsigned)(in * 256 / window)) / 4;
 }
 
-static bool moves_pay(void) { return written_share >= 128; }
+/* The free chunk whose pages a move for `need` bytes takes: the one that
+ * covers the most of them (dirty_best), if it covers `least` at least and
+ * moves pay; else SIZE_MAX. */
+static size_t donor_for(size_t need, size_t least) {
+  if (written_share < 128) return SIZE_MAX;
+  size_t donor = dirty_best(need);
+  return donor != SIZE_MAX && chunk_covers(donor, need) >= least ? donor : SIZE_MAX;
+}
 
 /* Chunk k of a block needs `need` bytes from its start: moves there the
  * pages of the free chunk that covers the most of them (the least
  * committed one among those that cover them all). */
 static void chunk_fill(size_t k, size_t need) {
-  if (!moves_pay()) return;
-  size_t donor = dirty_best(need);
-  if (donor == SIZE_MAX || chunk_covers(donor, need) < chunk_covers(k, need) + DONATE_MIN) return;
+  size_t donor = donor_for(need, chunk_covers(k, need) + DONATE_MIN);
+  if (donor == SIZE_MAX) return;
   /* Whole chunks, so each chunk stays one mapping (else a later move of it
    * would fail). Chunk k's own pages, if it has some, trade places with
    * the donor's (through the unused chunk at `high`): moved over, they
@@ -494,9 +500,8 @@ static void chunk_fill(size_t k, size_t need) {
 bool hak_large_donate(void *dst) {
   bool moved = false;
   pthread_mutex_lock(&hak_large_lock);
-  size_t donor = arena && moves_pay() ? dirty_best(GRAIN) : SIZE_MAX;
-  if (donor != SIZE_MAX && dirt[donor] >= DONATE_MIN &&
-      hak_os_move(chunk_addr(donor), GRAIN, dst)) {
+  size_t donor = arena ? donor_for(GRAIN, DONATE_MIN) : SIZE_MAX;
+  if (donor != SIZE_MAX && hak_os_move(chunk_addr(donor), GRAIN, dst)) {
     chunk_forget(donor);
     hak_stats_mapped(GRAIN, false);
     moved = true;

@@ -91,7 +91,7 @@ HAK_INLINE void *op_new(size_t size, bool nothrow) {
   return HAK_LIKELY(p != NULL) ? p : new_miss(size, nothrow);
 }
 static void *op_new_aligned(size_t size, size_t align, bool nothrow) {
-  if (align == 0 || (align & (align - 1))) {
+  if (!hak_valid_alignment(align)) {
     if (nothrow) return NULL;
     hak_fatal("hakmem: operator new with invalid alignment %zu", align);
   }
