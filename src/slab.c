@@ -120,6 +120,13 @@ void hak_slab_collect_remote(hak_slab_t *slab) { hak_slab_give_back(slab, take_r
  * the heap in address order. */
 #define SORT_MIN 32
 
+/* The block at byte offset off of the slab's first: floor(off / bs) is the
+ * high word of off * magic (off < 2^32, magic - 2^64 / bs at most 1), a
+ * multiply where a division cost take_local's walk most of its time. */
+static size_t slab_index(const hak_slab_t *slab, size_t off) {
+  return (size_t)(((unsigned __int128)off * slab->magic) >> 64);
+}
+
 /* The list of a detached slab's own frees, now the caller's (used is a
  * count: the list holds reserved - used blocks), relinked in address order
  * when it is long: blocks the program freed at random then come back in a
@@ -139,7 +146,7 @@ static hak_block_t *take_local(hak_slab_t *slab) {
   memset(bits, 0, words * sizeof bits[0]);
   uint8_t *start = hak_slab_start(hak_segment_of_slab(slab), slab);
   for (hak_block_t *b = list; b != NULL; b = hak_next(b), n--) {
-    size_t i = (size_t)((uint8_t *)b - start) / bs;
+    size_t i = slab_index(slab, (size_t)((uint8_t *)b - start));
     bits[i / 64] |= (uint64_t)1 << (i % 64);
   }
   HAK_ASSERT(n == 0);
@@ -378,6 +385,19 @@ hak_slab_t *hak_heap_return_list(hak_heap_t *heap, size_t cls) {
   hak_slab_t **a = heap->attached[cls];
   for (unsigned i = 0; i < n; i++) /* count again */
     a[i]->used = slab_count_out(a[i]);
+  if (n == 1 && list != NULL) { /* one slab's blocks: spliced whole */
+    hak_block_t *tail = list;
+    uint32_t len = 1;
+    for (hak_block_t *b;; tail = b, len++) {
+      HAK_ASSERT(hak_slab_of(hak_segment_of(tail), tail) == a[0]);
+      if ((b = hak_next(tail)) == NULL) break;
+    }
+    HAK_ASSERT(a[0]->used >= len);
+    hak_set_next(tail, a[0]->local_free);
+    a[0]->local_free = list;
+    a[0]->used -= len;
+    list = NULL;
+  }
   while (list != NULL) {
     hak_block_t *b = list;
     list = hak_next(b);

@@ -877,9 +877,11 @@ TEST(attached_slab_reuses_the_block_freed_last) {
   free(b);
   size_t listed = list_len(heap->free[cls]) + list_len(slab->local_free);
   uint32_t reserved = slab->reserved;
+  void *head = heap->free[cls];
   hak_heap_return_list(heap, cls);
   CHECK(hak_slab_free_to(slab) == &slab->local_free);
   CHECK(slab->used == reserved - listed);
+  CHECK(slab->local_free == head); /* one slab's list goes back whole, in its order */
   int ours = 0;
   for (int i = 0; i < m; i++) {
     ours += slab_of_ptr(more[i]) == slab;
