@@ -372,6 +372,27 @@ TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
   free(e);
 }
 
+/* calloc takes a kept block as malloc does, and clears it. */
+TEST(calloc_takes_a_kept_large_block_and_clears_it) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_heap_t *heap = hak_heap_get();
+  REQUIRE(heap != NULL);
+  hak_large_kept_release(heap, true);
+  size_t n = 1 << 20;
+  uint8_t *a = malloc(n);
+  REQUIRE(a != NULL);
+  memset(a, 0xab, n);
+  free(a);
+  uint8_t *b = calloc(1, n);
+  CHECK(b == a);
+  REQUIRE(b != NULL);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n; i++) nonzero += b[i] != 0;
+  CHECK_MSG(nonzero == 0, "%zu bytes not cleared", nonzero);
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) CHECK(atomic_load(&heap->large_kept[k]) == NULL);
+  free(b);
+}
+
 TEST(adjacent_free_large_blocks_merge) {
   hak_opt.purge_delay_ms = 100000;
   size_t sz = 2 * HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
