@@ -285,6 +285,9 @@ void hak_span_fork_parent(void);
 void hak_span_fork_child(void);
 
 /* ---- slab.c ---- */
+/* A small class's detached slab's own list of at least this many blocks
+ * goes to the heap in address order (slab.c, take_local). */
+#define HAK_SORT_MIN 1024
 void hak_slab_init(hak_slab_t *slab, size_t cls);
 /* Moves remote frees to local_free. */
 void hak_slab_collect_remote(hak_slab_t *slab);

@@ -116,10 +116,6 @@ static inline hak_block_t *take_remote(hak_slab_t *slab) {
 
 void hak_slab_collect_remote(hak_slab_t *slab) { hak_slab_give_back(slab, take_remote(slab)); }
 
-/* A small class's slab's own list of at least this many blocks goes to
- * the heap in address order. */
-#define SORT_MIN 32
-
 /* The block at byte offset off of the slab's first: floor(off / bs) is the
  * high word of off * magic (off < 2^32, magic - 2^64 / bs at most 1), a
  * multiply where a division cost take_local's walk most of its time. */
@@ -129,17 +125,22 @@ static size_t slab_index(const hak_slab_t *slab, size_t off) {
 
 /* The list of a detached slab's own frees, now the caller's (used is a
  * count: the list holds reserved - used blocks), relinked in address order
- * when it is long: blocks the program freed at random then come back in a
- * row, and so does what it allocates next, for a walk in creation order
- * (CPython's GC after a churn: 1.12x; jemalloc's slabs hand out their
- * lowest block first). Blocks above 1 KiB keep the order of their frees:
- * each is a line or more of its own, which the walk and the relinking
- * would read and write (random_mixed 4000-4400 B, ws=2048: 1.13x). */
+ * when it is long (HAK_SORT_MIN): blocks the program freed at random then
+ * come back in a row, and so does what it allocates next, for a walk in
+ * creation order (CPython's GC after a churn: 1.12x; jemalloc's slabs hand
+ * out their lowest block first). Shorter lists, which a program that
+ * churns a tree or a hash table at random takes all the time, keep the
+ * order of their frees: the walk waits on a miss a block, and the order
+ * gains such a program nothing (a std::map of 100,000 keys 1.045x, of a
+ * million 1.12x; with 32 blocks as the line). Blocks above 1 KiB keep it
+ * too: each is a line or more of its own, which the walk and the
+ * relinking would read and write (random_mixed 4000-4400 B, ws=2048:
+ * 1.13x). */
 static hak_block_t *take_local(hak_slab_t *slab) {
   hak_block_t *list = slab->local_free;
   size_t n = slab->reserved - slab->used;
   slab->local_free = NULL;
-  if (n < SORT_MIN || slab->cls >= HAK_SMALL_CLASSES) return list;
+  if (n < HAK_SORT_MIN || slab->cls >= HAK_SMALL_CLASSES) return list;
   HAK_ASSERT(slab->capacity <= HAK_SLAB_MAX_BLOCKS);
   uint64_t bits[HAK_SLAB_MAX_BLOCKS / 64];
   size_t words = (slab->capacity + 63) / 64, bs = slab->block_size;

@@ -809,7 +809,7 @@ TEST(local_free_and_used_count) {
 /* Frees n blocks of size, all of one detached slab, in a shuffled order
  * into freed[], and mallocs n blocks of that size again into got[]. */
 static void free_shuffled_and_take_back(size_t size, int n, void **freed, void **got) {
-  enum { MORE = 200 };
+  enum { MORE = 300 };
   void *more[MORE];
   for (int i = 0; i < n; i++) freed[i] = malloc(size);
   hak_slab_t *slab = slab_of_ptr(freed[0]);
@@ -833,21 +833,37 @@ static void free_shuffled_and_take_back(size_t size, int n, void **freed, void *
   for (int i = 0; i < m; i++) free(more[i]);
 }
 
-/* A small class's detached slab's list of 32 blocks or more goes to the
- * heap in address order, whatever the order of the frees: what the
- * program allocates next lies in a row. Larger blocks come back in the
- * reverse order of their frees, without a walk. */
-TEST(a_long_list_of_a_small_slab_comes_back_in_address_order) {
-  enum { N = 40 };
-  void *freed[N], *got[N];
-  free_shuffled_and_take_back(500, N, freed, got);
+/* Blocks taken back from n freed in a shuffled order (see
+ * free_shuffled_and_take_back): in address order, or the freed last
+ * first. */
+static int taken_ascending(int n, void **got) {
   int ascending = 0;
-  for (int i = 1; i < N; i++) ascending += (uintptr_t)got[i] > (uintptr_t)got[i - 1];
-  CHECK_MSG(ascending == N - 1, "%d of %d in address order", ascending, N - 1);
-  free_shuffled_and_take_back(1200, N, freed, got); /* 1280 B: 51 in a unit */
+  for (int i = 1; i < n; i++) ascending += (uintptr_t)got[i] > (uintptr_t)got[i - 1];
+  return ascending + 1;
+}
+static int taken_lifo(int n, void **freed, void **got) {
   int lifo = 0;
-  for (int i = 0; i < N; i++) lifo += got[i] == freed[N - 1 - i];
-  CHECK_MSG(lifo == N, "%d of %d freed last, taken first", lifo, N);
+  for (int i = 0; i < n; i++) lifo += got[i] == freed[n - 1 - i];
+  return lifo;
+}
+
+/* A small class's detached slab's list of HAK_SORT_MIN blocks or more
+ * goes to the heap in address order, whatever the order of the frees: what
+ * the program allocates next lies in a row. Shorter lists, and those of
+ * larger blocks, come back in the reverse order of their frees, without a
+ * walk. */
+TEST(a_long_list_of_a_small_slab_comes_back_in_address_order) {
+  enum { LONG = HAK_SORT_MIN + 16, SHORT = 40 };
+  static void *freed[LONG], *got[LONG];
+  free_shuffled_and_take_back(16, LONG, freed, got); /* 4096 in a unit */
+  CHECK_MSG(taken_ascending(LONG, got) == LONG, "%d of %d in address order",
+            taken_ascending(LONG, got), LONG);
+  free_shuffled_and_take_back(500, SHORT, freed, got);
+  CHECK_MSG(taken_lifo(SHORT, freed, got) == SHORT, "%d of %d freed last, taken first",
+            taken_lifo(SHORT, freed, got), SHORT);
+  free_shuffled_and_take_back(1200, SHORT, freed, got); /* 1280 B: 51 in a unit */
+  CHECK_MSG(taken_lifo(SHORT, freed, got) == SHORT, "%d of %d freed last, taken first",
+            taken_lifo(SHORT, freed, got), SHORT);
 }
 
 static size_t list_len(const hak_block_t *b) {
@@ -872,7 +888,7 @@ static bool on_remote_list(hak_slab_t *slab, const void *p) {
  * freed last. Its used count is then no count; detaching (the list given
  * back) counts the blocks again. */
 TEST(attached_slab_reuses_the_block_freed_last) {
-  enum { N = 20, MORE = 400 }; /* fewer than SORT_MIN: the list keeps its order */
+  enum { N = 20, MORE = 400 }; /* fewer than HAK_SORT_MIN: the list keeps its order */
   void *ps[N], *more[MORE];
   for (int i = 0; i < N; i++) ps[i] = malloc(720);
   hak_slab_t *slab = slab_of_ptr(ps[0]);
