@@ -6,13 +6,17 @@
 #   make bench-floor  hakmem against the floor of its design (bench/floor/floor.c)
 #   make bench-programs  real programs (python3, perl, sqlite3, g++), timed whole
 #   make bench-sizes  random_mixed and xmalloc one size band at a time
+#   make bench-cxx    C++ containers (std::map, set, unordered_map, shared_ptr)
 # Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
 # See docs/BENCHMARKS.md.
 
 BENCH_BIN    := $(BUILD)/bench
 BENCH_CFLAGS ?= -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -pthread -fno-builtin
+BENCH_CXXFLAGS ?= -std=gnu++17 -O2 -g -Wall -Wextra -pthread
 BENCH_SRCS   := $(sort $(wildcard bench/*.c))
-BENCH_PROGS  := $(patsubst bench/%.c,$(BENCH_BIN)/%,$(BENCH_SRCS))
+BENCH_CXX_SRCS := $(sort $(wildcard bench/*.cc))
+BENCH_PROGS  := $(patsubst bench/%.c,$(BENCH_BIN)/%,$(BENCH_SRCS)) \
+                $(patsubst bench/%.cc,$(BENCH_BIN)/%,$(BENCH_CXX_SRCS))
 BENCH_NOOP   := $(BENCH_BIN)/random_mixed.noop $(BENCH_BIN)/larson.noop
 BENCH_ARGS   ?=
 BENCH_PY     ?= python3
@@ -23,6 +27,8 @@ $(BENCH_BIN)/%.noop: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -DNOOP_ALLOC -o $@ $< -lm
 $(BENCH_BIN)/%: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -lm
+$(BENCH_BIN)/%: bench/%.cc | $(BENCH_BIN)
+	$(CXX) $(BENCH_CXXFLAGS) -o $@ $<
 
 bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)
 
@@ -52,7 +58,10 @@ bench-programs: bench-bins $(BUILD)/libhakmem.so
 bench-sizes: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --set sizes --rounds 3 $(BENCH_ARGS)
 
+bench-cxx: bench-bins $(BUILD)/libhakmem.so
+	$(BENCH_PY) bench/run --set cxx --rounds 5 $(BENCH_ARGS)
+
 bench-instr: bench-bins $(BUILD)/libhakmem.so
 	$(BENCH_PY) bench/run --instr $(BENCH_ARGS)
 
-.PHONY: bench bench-full bench-instr bench-bins bench-floor bench-programs bench-sizes
+.PHONY: bench bench-full bench-instr bench-bins bench-floor bench-programs bench-sizes bench-cxx

@@ -35,6 +35,8 @@ tiny=(
   "frag|4"
   "frag|--scale 0.004"
   "progtime|true"
+  "cxx_containers|map 2000 100"
+  "cxx_containers|shared 2000 100"
 )
 [ -f "$LIBHAKMEM" ] || bad "LIBHAKMEM=$LIBHAKMEM exists"
 for alloc in glibc hakmem; do
