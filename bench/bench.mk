@@ -27,7 +27,7 @@ $(BENCH_BIN)/%.noop: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -DNOOP_ALLOC -o $@ $< -lm
 $(BENCH_BIN)/%: bench/%.c $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -lm
-$(BENCH_BIN)/%: bench/%.cc | $(BENCH_BIN)
+$(BENCH_BIN)/%: bench/%.cc $(wildcard bench/*.h) | $(BENCH_BIN)
 	$(CXX) $(BENCH_CXXFLAGS) -o $@ $<
 
 bench-bins: $(BENCH_PROGS) $(BENCH_NOOP)

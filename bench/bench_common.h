@@ -1,4 +1,5 @@
-/* Shared helpers for the hakmem benchmark programs (the bench .c files).
+/* Shared helpers for the hakmem benchmark programs (the bench .c files, and
+ * the C++ ones).
  *
  * Every program calls plain malloc/free (built with -fno-builtin so the
  * compiler cannot elide or merge the calls), so the allocator under test is
@@ -22,7 +23,9 @@
 #ifndef HAK_BENCH_COMMON_H
 #define HAK_BENCH_COMMON_H
 
+#ifndef _GNU_SOURCE /* g++ defines it */
 #define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,7 +147,7 @@ static inline BENCH_UNUSED void bench_start(void) {
 }
 static inline BENCH_UNUSED void bench_run_threads(long n, void *(*fn)(void *), void *args,
                                                   size_t stride) {
-  pthread_t *tid = bench_xalloc((size_t)n * sizeof *tid);
+  pthread_t *tid = (pthread_t *)bench_xalloc((size_t)n * sizeof *tid);
   pthread_barrier_init(&bench_start_barrier, NULL, (unsigned)n + 1);
   for (long t = 0; t < n; t++)
     if (pthread_create(&tid[t], NULL, fn, (char *)args + (size_t)t * stride))

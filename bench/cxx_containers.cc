@@ -19,11 +19,8 @@
  * where a freed block's neighbours land decides what the next walk reads.
  * ops = allocator calls (new and delete each count one).
  */
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include "bench_common.h"
+
 #include <map>
 #include <memory>
 #include <set>
@@ -36,19 +33,13 @@ static const char usage[] =
     "  defaults: 3000000 steps, 100000 keys, seed 1234567\n";
 
 static uint32_t state;
-static uint32_t next_random() {
-  uint32_t x = state;
-  x ^= x << 13;
-  x ^= x >> 17;
-  x ^= x << 5;
-  return state = x;
-}
+static uint32_t next_random() { return xorshift32(&state); }
 
 /* A string of 16-63 chars: past std::string's 15 inline ones, so it always
  * has a buffer of its own. */
 static std::string payload(uint32_t r) { return std::string(16 + (r >> 8) % 48, 'x'); }
 
-__attribute__((noinline)) static long bench_work_map(long steps, uint32_t keys) {
+BENCH_NOINLINE static long bench_work_map(long steps, uint32_t keys) {
   std::map<uint32_t, std::string> m;
   long calls = 0;
   for (long i = 0; i < steps; i++) {
@@ -61,7 +52,7 @@ __attribute__((noinline)) static long bench_work_map(long steps, uint32_t keys) 
   return calls + 2 * (long)m.size();
 }
 
-__attribute__((noinline)) static long bench_work_set(long steps, uint32_t keys) {
+BENCH_NOINLINE static long bench_work_set(long steps, uint32_t keys) {
   std::set<uint32_t> s;
   for (long i = 0; i < steps; i++) {
     uint32_t k = next_random() % keys;
@@ -72,7 +63,7 @@ __attribute__((noinline)) static long bench_work_set(long steps, uint32_t keys) 
   return steps + (long)s.size();
 }
 
-__attribute__((noinline)) static long bench_work_umap(long steps, uint32_t keys) {
+BENCH_NOINLINE static long bench_work_umap(long steps, uint32_t keys) {
   std::unordered_map<uint32_t, uint64_t> m;
   for (long i = 0; i < steps; i++) {
     uint32_t k = next_random() % keys;
@@ -83,7 +74,7 @@ __attribute__((noinline)) static long bench_work_umap(long steps, uint32_t keys)
   return steps + (long)m.size();
 }
 
-__attribute__((noinline)) static long bench_work_shared(long steps, uint32_t keys) {
+BENCH_NOINLINE static long bench_work_shared(long steps, uint32_t keys) {
   std::vector<std::shared_ptr<std::string>> slots(keys);
   long calls = 0;
   for (long i = 0; i < steps; i++) {
@@ -97,14 +88,11 @@ __attribute__((noinline)) static long bench_work_shared(long steps, uint32_t key
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const char *mode = argv[1];
-  long steps = argc > 2 ? atol(argv[2]) : 3000000;
-  long keys = argc > 3 ? atol(argv[3]) : 100000;
-  long seed = argc > 4 ? atol(argv[4]) : 1234567;
+  if (bench_want_help(argc, argv, usage)) return 0;
+  const char *mode = argc > 1 ? argv[1] : "";
+  long steps = bench_arg(argc, argv, 2, 3000000);
+  long keys = bench_arg(argc, argv, 3, 100000);
+  long seed = bench_arg(argc, argv, 4, 1234567);
   long (*work)(long, uint32_t) = !strcmp(mode, "map")      ? bench_work_map
                                  : !strcmp(mode, "set")    ? bench_work_set
                                  : !strcmp(mode, "umap")   ? bench_work_umap
@@ -115,12 +103,12 @@ int main(int argc, char **argv) {
     fputs(usage, stderr);
     return 2;
   }
-  state = (uint32_t)seed;
-  auto t0 = std::chrono::steady_clock::now();
+  state = bench_seed((uint64_t)seed);
+  double t0 = bench_now();
   long ops = work(steps, (uint32_t)keys);
-  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  printf("cxx_containers mode=%s steps=%ld keys=%ld seed=%ld build=malloc ops=%ld ops/s=%.0f "
+  double t = bench_now() - t0;
+  printf("cxx_containers mode=%s steps=%ld keys=%ld seed=%ld build=%s ops=%ld ops/s=%.0f "
          "time_s=%.3f\n",
-         mode, steps, keys, seed, ops, ops / t, t);
+         mode, steps, keys, seed, BENCH_ALLOC_KIND, ops, ops / t, t);
   return 0;
 }
