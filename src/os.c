@@ -8,16 +8,43 @@
 #include <time.h>
 #include <unistd.h>
 
+#define MAP_FLAGS (MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+
+/* The start of the last aligned mapping: the next one is asked for just
+ * below it, where the kernel's top-down search would put it anyway. */
+static _Atomic uintptr_t aligned_below;
+
+/* size bytes aligned to align, ending where the last aligned mapping
+ * starts, or NULL: one mmap instead of three, and the kernel merges the
+ * two into one area, which fork copies once (7 segments as 7 areas took a
+ * fork 12 us more than as one). */
+static void *map_below_last(size_t size, size_t align) {
+  uintptr_t end = atomic_load_explicit(&aligned_below, memory_order_relaxed);
+  if (end < size + align) return NULL;
+  uintptr_t want = (end - size) & ~(uintptr_t)(align - 1);
+  void *p = mmap((void *)want, size, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  if ((uintptr_t)p == want) return p;
+  munmap(p, size); /* the hint was taken */
+  return NULL;
+}
+
 /* An anonymous mapping of size bytes aligned to align (a power of two,
  * at least a page), not counted in the statistics; NULL with ENOMEM. */
 static void *map_raw(size_t size, size_t align) {
+  if (align > HAK_PAGE_SIZE) {
+    void *p = map_below_last(size, align);
+    if (p != NULL) {
+      atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
+      return p;
+    }
+  }
   size_t over = size + (align > HAK_PAGE_SIZE ? align : 0); /* then trim both ends */
   if (over < size) {
     errno = ENOMEM;
     return NULL;
   }
-  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
   if (raw == MAP_FAILED) {
     errno = ENOMEM;
     return NULL;
@@ -25,6 +52,7 @@ static void *map_raw(size_t size, size_t align) {
   uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
   if (p > raw) munmap(raw, (size_t)(p - raw));
   if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
+  if (align > HAK_PAGE_SIZE) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
   return p;
 }
 
