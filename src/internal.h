@@ -456,6 +456,8 @@ void hak_stats_write_records(int fd);
 void hak_purge_wake(void);
 extern _Atomic int hak_purge_started, hak_purge_running;
 void hak_purge_start_slow(void);
+/* What a program of one thread maps before the purger gets a thread. */
+#define HAK_PURGER_MIN_MAPPED ((size_t)32 << 20)
 /* Starts the purger thread if it was asked for and is not running; called
  * only where no lock is held and the caller's own work is done, as creating
  * the thread allocates (pthread_create reenters malloc). */

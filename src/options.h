@@ -18,7 +18,8 @@
     "once).")                                                                  \
   X(purge_thread, "PURGE_THREAD", 1, 0, 1,                                     \
     "Return memory on time from a background thread even when the program "   \
-    "stops calling malloc (1); 0 purges only during allocation.")              \
+    "stops calling malloc (1); 0 purges only during allocation. A program "    \
+    "of one thread gets the thread once it has mapped 32 MiB.")                \
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
     "Free 4 MiB segments kept mapped for reuse; only the last one cached "     \
     "stays committed until the purge delay, the others are purged at once.")   \

@@ -7,6 +7,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/single_threaded.h>
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -209,6 +210,51 @@ static void run_child(const char *flag) {
 }
 
 TEST(purge_after_delay_without_further_calls) { run_child("--purge-child"); }
+
+/* The process's threads (Threads: in /proc/self/status), or -1. */
+static long threads_now(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long v = -1;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %ld", &v) == 1) break;
+  fclose(f);
+  return v;
+}
+
+/* Once a process has had a second thread, glibc locks its stdio and
+ * libstdc++ counts shared_ptr references with atomics: a program of one
+ * thread that frees what it allocates must not get a thread from hakmem
+ * while it has mapped little (each round schedules purges, waits past the
+ * delay, and refills). */
+TEST(a_program_of_one_thread_and_little_memory_gets_no_thread) {
+  REQUIRE(threads_now() == 1 && __libc_single_threaded);
+  for (int round = 0; round < 3; round++) {
+    drain(fill(4000, 1000), 4000);
+    drain(fill(8, 1 << 20), 8);
+    sleep_ms(150);
+    free(malloc(3000));
+  }
+  CHECK_MSG(threads_now() == 1, "threads %ld", threads_now());
+  CHECK(__libc_single_threaded);
+}
+
+/* ...and gets the purger once it has mapped 32 MiB: 48 MiB of blocks, the
+ * first third of them freed (their slabs empty), and a refill. */
+TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
+  REQUIRE(threads_now() == 1 && __libc_single_threaded);
+  enum { N = 12000 };
+  void **a = fill(N, 4000);
+  for (int i = 0; i < N / 3; i++) {
+    free(a[i]);
+    a[i] = NULL;
+  }
+  free(malloc(3000));
+  CHECK_MSG(threads_now() == 2, "threads %ld", threads_now());
+  for (int i = 0; i < N; i++) free(a[i]);
+  free(a);
+}
 TEST(idle_threads_give_back_what_they_freed) { run_child("--idle-threads-child"); }
 
 int main(int argc, char **argv) {

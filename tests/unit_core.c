@@ -217,9 +217,14 @@ static void run_thread(void *(*fn)(void *), void *arg) {
   pthread_join(t, NULL);
 }
 
+static void *no_work(void *arg) { return arg; }
+
 /* Starting the background purger allocates (pthread_create): tests that
- * watch slab states start it first, so it cannot reuse their slabs. */
+ * watch slab states start it first, so it cannot reuse their slabs. A
+ * program of one thread that has mapped little gets no purger: a thread
+ * started and joined makes this one a program with threads. */
 static void start_purger(void) {
+  run_thread(no_work, NULL);
   hak_purge_wake();
   hak_purge_start();
   /* running once the thread has begun: only then do exiting threads park */
@@ -2410,6 +2415,7 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
 /* The refill that starts the purger takes its block first. */
 TEST(purger_start_that_allocates_leaves_the_refill_its_block) {
   REQUIRE(atomic_load(&hak_purge_started) == 0); /* a forked child: not yet */
+  run_thread(no_work, NULL); /* a program with threads, which gets the purger */
   size_t cls = hak_size_class(3000);
   REQUIRE(hak_tls_heap->queue[cls].first == NULL); /* the refill takes the long way */
   reenter_cls = cls;
