@@ -4,7 +4,7 @@
 #   make bench-full   reference runs, 5 rounds
 #   make bench-instr  instructions per malloc/free under callgrind
 #   make bench-floor  hakmem against the floor of its design (bench/floor/floor.c)
-#   make bench-programs  real programs (python3, perl, sqlite3, g++), timed whole
+#   make bench-programs  real programs (python3, perl, sqlite3, g++, bash), timed whole
 #   make bench-sizes  random_mixed and xmalloc one size band at a time
 #   make bench-cxx    C++ containers (std::map, set, unordered_map, shared_ptr)
 # Extra runner options: make bench BENCH_ARGS="--only hakmem,mimalloc"
