@@ -227,21 +227,21 @@ static long threads_now(void) {
  * libstdc++ counts shared_ptr references with atomics: a program of one
  * thread that frees what it allocates must not get a thread from hakmem
  * while it has mapped little (each round schedules purges, waits past the
- * delay, and refills). */
+ * delay, and refills: 32 blocks of 5,000 B, carved 4 at a time, take 8). */
 TEST(a_program_of_one_thread_and_little_memory_gets_no_thread) {
   REQUIRE(threads_now() == 1 && __libc_single_threaded);
   for (int round = 0; round < 3; round++) {
     drain(fill(4000, 1000), 4000);
     drain(fill(8, 1 << 20), 8);
     sleep_ms(150);
-    free(malloc(3000));
+    drain(fill(32, 5000), 32);
   }
   CHECK_MSG(threads_now() == 1, "threads %ld", threads_now());
   CHECK(__libc_single_threaded);
 }
 
 /* ...and gets the purger once it has mapped 32 MiB: 48 MiB of blocks, the
- * first third of them freed (their slabs empty), and a refill. */
+ * first third of them freed (their slabs empty), and refills. */
 TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
   REQUIRE(threads_now() == 1 && __libc_single_threaded);
   enum { N = 12000 };
@@ -250,7 +250,7 @@ TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
     free(a[i]);
     a[i] = NULL;
   }
-  free(malloc(3000));
+  drain(fill(32, 5000), 32);
   CHECK_MSG(threads_now() == 2, "threads %ld", threads_now());
   for (int i = 0; i < N; i++) free(a[i]);
   free(a);
