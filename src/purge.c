@@ -164,7 +164,7 @@ extern char __libc_single_threaded __attribute__((weak));
  * program of one thread gets ours only once it has mapped
  * HAK_PURGER_MIN_MAPPED, enough memory to be worth that; until then its
  * allocations purge what is due, as with HAKMEM_PURGE_THREAD=0, and its
- * forks copy no thread (a bash subshell took 1.06x as long with it). */
+ * forks copy no thread (a bash subshell took 1.05x as long with it). */
 static bool purger_worth_a_thread(void) {
   if (&__libc_single_threaded == NULL || !__libc_single_threaded) return true;
   return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) >= HAK_PURGER_MIN_MAPPED;
