@@ -498,6 +498,9 @@ HAK_INLINE void *hak_refill_done(void *b, size_t cls, size_t size) {
 uint64_t hak_random(void); /* per-thread xorshift, seeded from the secret */
 #endif
 void hak_process_init(void);
+/* The program has never created a thread (glibc's __libc_single_threaded;
+ * false without it). */
+bool hak_single_threaded(void);
 extern pthread_key_t hak_thread_key;
 extern _Atomic int hak_key_ready;
 

@@ -154,10 +154,6 @@ static void init_wait_cond(void) {
   pthread_condattr_destroy(&ca);
 }
 
-/* glibc's (2.32): true until the program first creates a thread. Weak: a
- * libc without it counts as threaded. */
-extern char __libc_single_threaded __attribute__((weak));
-
 /* Once any thread exists, glibc locks stdio and libstdc++ counts
  * shared_ptr references with atomics, for the rest of the process: getc
  * took 6.0 ns instead of 3.3, a shared_ptr copy 10.2 instead of 6.2. A
@@ -166,7 +162,7 @@ extern char __libc_single_threaded __attribute__((weak));
  * allocations purge what is due, as with HAKMEM_PURGE_THREAD=0, and its
  * forks copy no thread (a bash subshell took 1.05x as long with it). */
 static bool purger_worth_a_thread(void) {
-  if (&__libc_single_threaded == NULL || !__libc_single_threaded) return true;
+  if (!hak_single_threaded()) return true;
   return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) >= HAK_PURGER_MIN_MAPPED;
 }
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/single_threaded.h>
 #include <sys/wait.h>
 
 /* A block remembers its size in word 0 and carries bytes derived from its
@@ -337,6 +338,43 @@ TEST_T(fork_while_threads_allocate, 120) {
   CHECK_MSG(failed == 0, "%d children failed", failed);
   CHECK_MSG(atomic_load(&g_bad) == 0, "%ld corrupted blocks in the parent", atomic_load(&g_bad));
   CHECK(atomic_load(&g_bg_ops) > 1000);
+}
+
+/* ---------- fork of a program that has never had a second thread ---------- */
+
+/* Its fork handlers do nothing then (no lock is taken or set up again):
+ * the child frees the parent's blocks of every tier and allocates more,
+ * forks once more itself, and the parent goes on after each. */
+static int one_thread_fork_child(void **parent_blocks, int n, int depth) {
+  for (int i = 0; i < n; i++) check_free(parent_blocks[i]);
+  void *mine[12];
+  for (int i = 0; i < 12; i++) mine[i] = make_block(i % 3 == 0 ? 48 : i % 3 == 1 ? 20000 : 1 << 20);
+  if (depth == 0) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(one_thread_fork_child(mine, 12, 1));
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      return 3;
+  }
+  for (int i = 0; i < 12; i++) check_free(mine[i]);
+  return atomic_load(&g_bad) == 0 ? 0 : 2;
+}
+
+TEST(fork_of_a_program_of_one_thread) {
+  REQUIRE(__libc_single_threaded);
+  enum { N = 30 };
+  void *blocks[N];
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < N; i++) blocks[i] = make_block(i % 3 == 0 ? 100 : i % 3 == 1 ? 9000 : 300000);
+    pid_t pid = fork();
+    if (pid == 0) _exit(one_thread_fork_child(blocks, N, 0));
+    int status = 0;
+    REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "round %d: child status %d", round, status);
+    for (int i = 0; i < N; i++) check_free(blocks[i]);
+  }
+  CHECK(atomic_load(&g_bad) == 0);
+  CHECK(__libc_single_threaded);
 }
 
 /* ---------- fork after threads exit leaving blocks (parked heaps) ---------- */
