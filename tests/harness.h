@@ -66,17 +66,23 @@ static inline void th_register(const char *name, th_fn_t fn, unsigned timeout_s)
     }                                                                        \
   } while (0)
 
-/* The process's resident set (VmRSS) in KiB, or -1. */
-static inline long th_vm_rss_kib(void) {
+/* The number of a /proc/self/status field ("VmRSS" in KiB, "Threads"), or
+ * -1. */
+static inline long th_proc_status(const char *field) {
   FILE *f = fopen("/proc/self/status", "r");
   char line[256];
   long v = -1;
+  size_t n = strlen(field);
   if (!f) return -1;
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
+    if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%ld", &v) == 1)
+      break;
   fclose(f);
   return v;
 }
+
+/* The process's resident set (VmRSS) in KiB, or -1. */
+static inline long th_vm_rss_kib(void) { return th_proc_status("VmRSS"); }
 
 static double th_now(void) {
   struct timespec ts;

@@ -211,17 +211,8 @@ static void run_child(const char *flag) {
 
 TEST(purge_after_delay_without_further_calls) { run_child("--purge-child"); }
 
-/* The process's threads (Threads: in /proc/self/status), or -1. */
-static long threads_now(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "Threads: %ld", &v) == 1) break;
-  fclose(f);
-  return v;
-}
+/* The process's threads, or -1. */
+static long threads_now(void) { return th_proc_status("Threads"); }
 
 /* Once a process has had a second thread, glibc locks its stdio and
  * libstdc++ counts shared_ptr references with atomics: a program of one
