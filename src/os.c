@@ -153,17 +153,16 @@ static long threads_now(void) {
 }
 
 bool hak_os_last_thread(void) {
-  char buf[1024];
   long n = threads_now();
   if (n == 1) return true;
-  /* The main thread that called pthread_exit stays a zombie, counted. */
+  /* The main thread that called pthread_exit stays a zombie, counted.
+   * Its exe link fails with ENOENT once it has let go of the address
+   * space: read with no descriptor, unlike its stat file. */
   pid_t pid = getpid();
   if (n != 2 || gettid() == pid) return false;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)pid);
-  if (!proc_read(path, buf, sizeof buf)) return false;
-  const char *state = stat_field(buf, 3);
-  return state != NULL && *state == 'Z';
+  char path[64], target[1];
+  snprintf(path, sizeof path, "/proc/self/task/%d/exe", (int)pid);
+  return readlink(path, target, sizeof target) < 0 && errno == ENOENT;
 }
 
 /* A failed move leaves the range as it was, except where it spans

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
 
@@ -463,8 +465,11 @@ static void *quiet_worker(void *arg) {
 /* A forked child (its forking thread is its main thread) starts a worker
  * and calls pthread_exit: POSIX ends the process with status 0, atexit
  * handlers run, once the worker is done. hakmem's purger thread must not
- * keep it alive (nor, blocking every signal, make it deaf to SIGTERM). */
-static void expect_end_after_main_pthread_exit(void *(*worker)(void *)) {
+ * keep it alive (nor, blocking every signal, make it deaf to SIGTERM).
+ * no_descriptors: the child may open none, so the purger must tell that
+ * its main thread is gone without one (a program that lists its own
+ * descriptors would see it). */
+static void expect_end_after_main_pthread_exit(void *(*worker)(void *), bool no_descriptors) {
   int fds[2];
   REQUIRE(pipe(fds) == 0);
   pid_t pid = fork();
@@ -475,6 +480,10 @@ static void expect_end_after_main_pthread_exit(void *(*worker)(void *)) {
     atexit(say_exit);
     for (int i = 0; i < 5000; i++) free(malloc(200));
     free(malloc(8 << 20));
+    /* pthread_exit loads libgcc_s to unwind: loaded before, it opens nothing */
+    if (no_descriptors && (dlopen("libgcc_s.so.1", RTLD_NOW) == NULL ||
+                           setrlimit(RLIMIT_NOFILE, &(struct rlimit){0, 0}) != 0))
+      _exit(6);
     pthread_t t;
     if (pthread_create(&t, NULL, worker, NULL) != 0) _exit(5);
     pthread_exit(NULL);
@@ -493,11 +502,15 @@ static void expect_end_after_main_pthread_exit(void *(*worker)(void *)) {
 }
 
 TEST_T(process_ends_when_its_last_thread_exits_after_main_pthread_exit, 60) {
-  expect_end_after_main_pthread_exit(last_worker);
+  expect_end_after_main_pthread_exit(last_worker, false);
 }
 
 TEST_T(process_ends_when_its_last_thread_never_allocated, 60) {
-  expect_end_after_main_pthread_exit(quiet_worker);
+  expect_end_after_main_pthread_exit(quiet_worker, false);
+}
+
+TEST_T(process_ends_after_main_pthread_exit_with_no_descriptor_to_open, 60) {
+  expect_end_after_main_pthread_exit(last_worker, true);
 }
 
 TEST_MAIN("threads")
