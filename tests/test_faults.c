@@ -29,19 +29,10 @@ static size_t env_size(const char *name, size_t def) {
   return v && *v ? strtoul(v, NULL, 0) : def;
 }
 
-/* /proc/self/status field in bytes (VmSize, VmRSS, VmHWM). */
+/* /proc/self/status field in bytes (VmSize, VmRSS, VmHWM), 0 if absent. */
 static size_t proc_status(const char *field) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0, n = strlen(field);
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, field, n) == 0 && line[n] == ':') {
-      kb = strtoul(line + n + 1, NULL, 10);
-      break;
-    }
-  fclose(f);
-  return kb * 1024;
+  long kib = th_proc_status(field);
+  return kib > 0 ? (size_t)kib * 1024 : 0;
 }
 
 static uint64_t rnd(uint64_t *s) {
