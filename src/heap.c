@@ -7,18 +7,18 @@
 
 hak_heap_t hak_heap_empty;
 __thread hak_heap_t *hak_tls_heap = &hak_heap_empty;
-pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+HAK_FORK_HELD pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static hak_heap_t *heaps_live;
+static HAK_FORK_HELD hak_heap_t *heaps_live;
 /* FIFO: a new thread takes the heap parked longest, whose blocks have had
  * the most time to be freed; it fills their holes instead of carving new
  * memory beside blocks still in use (larson 4t 10-1000: 15.1 MiB peak,
  * 16.8 taking the one parked last). A thread whose first call frees a
  * parked heap's block takes that heap instead (free.c: free_heapless). */
-static hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
-static hak_heap_t *heaps_pool;
-static uint8_t *pool_cursor;
-static size_t pool_left;
+static HAK_FORK_HELD hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
+static HAK_FORK_HELD hak_heap_t *heaps_pool;
+static HAK_FORK_HELD uint8_t *pool_cursor;
+static HAK_FORK_HELD size_t pool_left;
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
 
@@ -28,7 +28,7 @@ static size_t pool_left;
  * pages (larson 4t 10-1000: 1.23x as fast). Only HAK_KEEP_EMPTY_HEAPS
  * wait, so that a burst of exiting threads does not keep a burst of
  * memory. */
-static _Atomic size_t empty_parked;
+static HAK_FORK_HELD _Atomic size_t empty_parked;
 
 static bool empty_place_take(void) {
   size_t n = atomic_load_explicit(&empty_parked, memory_order_relaxed);

@@ -36,7 +36,7 @@ bool hak_single_threaded(void) {
  * or a heap, and each lock taken and released was a page written in the
  * parent and in the child after the fork (without them: 6 copy-on-write
  * faults a fork fewer, a fork loop 1.036x as fast). */
-static bool fork_locked;
+static HAK_FORK_HELD bool fork_locked;
 
 static void fork_prepare(void) {
   fork_locked = !hak_single_threaded();

@@ -20,6 +20,11 @@
 #define HAK_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HAK_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HAK_EXPORT __attribute__((visibility("default")))
+/* What the fork handlers write (the global locks they hold, the lists of
+ * heaps the child drops) goes to .data, well under a page in all: each
+ * page written across a fork is a copy-on-write fault in the parent and
+ * another in the child. */
+#define HAK_FORK_HELD __attribute__((section(".data")))
 
 #ifndef HAK_DEBUG
 #define HAK_DEBUG 0

@@ -19,7 +19,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 
-pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
+HAK_FORK_HELD pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GRAIN_SHIFT HAK_LARGE_GRAIN_SHIFT
 #define GRAIN HAK_LARGE_GRAIN

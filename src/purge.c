@@ -15,7 +15,7 @@ static _Atomic int idle;     /* the thread waits for `wanted` */
 static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wait_cond; /* on CLOCK_MONOTONIC, set up by start */
 /* Held during a pass, so fork never copies a half-done purge. */
-static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
+static HAK_FORK_HELD pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Mappings to unmap, handed over by threads that should not pay for the
  * munmap (tearing down the page tables of a big mapping takes as long as
@@ -195,8 +195,11 @@ void hak_purge_start_slow(void) {
 void hak_purge_fork_prepare(void) { pthread_mutex_lock(&pass_lock); }
 void hak_purge_fork_parent(void) { pthread_mutex_unlock(&pass_lock); }
 void hak_purge_fork_child(void) {
-  /* the thread did not come along: the child starts its own when needed */
   pthread_mutex_init(&pass_lock, NULL);
+  /* Without a thread, nothing else was used (and writing it would fault
+   * in a page of the child's). */
+  if (!atomic_load(&hak_purge_started)) return;
+  /* the thread did not come along: the child starts its own when needed */
   pthread_mutex_init(&wait_lock, NULL);
   atomic_store(&hak_purge_started, 0);
   atomic_store(&hak_purge_running, 0);

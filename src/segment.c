@@ -9,7 +9,7 @@
 #include "internal.h"
 
 _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
-pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
+HAK_FORK_HELD pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Segments of exited threads, doubly linked through next/prev so that a
  * thread freeing into one can take it out (reclaim on free). All under

@@ -226,6 +226,11 @@ typedef struct {
  * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
+  /* Held by the owner across slab-level slow paths (refill, releasing a
+   * slab, collect, exit), so the background purger and fork see the heap
+   * consistent. Never taken on a fast path. On the lists' page, which a
+   * program writes after a fork anyway, past their lines. */
+  pthread_mutex_t lock __attribute__((aligned(64)));
   hak_slab_queue_t queue[HAK_SLAB_CLASSES]; /* ACTIVE slabs; first = current */
   /* The slabs of each class whose frees (the owner's) go to free[c]. */
   hak_slab_t *attached[HAK_SLAB_CLASSES][HAK_ATTACH_MAX];
@@ -283,10 +288,6 @@ struct hak_heap_s {
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
   uint32_t refills;          /* slab refills (the owner's), for the purger... */
   uint32_t refills_at_purge; /* ...which saw this many at its last pass */
-  /* Held by the owner across slab-level slow paths (refill, releasing a
-   * slab, collect, exit), so the background purger and fork see the heap
-   * consistent. Never taken on a fast path. */
-  pthread_mutex_t lock;
   uintptr_t token; /* its thread's hak_thread_token: the owner of its ACTIVE slabs */
   hak_heap_t *next, *prev; /* all live heaps */
   /* Parked: its thread exited and it waits, whole, for a new thread
