@@ -127,13 +127,12 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
  * slab in use will do, as nothing changes: a block of a FULL slab (a string
  * that grew a while ago) took the generic path, and which one did was a
  * branch the processor could not predict. size 0 never fits (old / 2 >= 4).
- * A span segment's units map to a FREE descriptor: its blocks are checked
- * by their page's class byte, as free checks them. */
+ * A span block is checked by its page's class byte, as free checks it;
+ * the segment map tells the tiers apart, so it reads nothing of a slab. */
 void *hak_realloc_impl(void *p, size_t size) {
   uint8_t m = hak_segmap_of(p); /* NONE for NULL; the arena's blocks go generic */
   hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
-  if (HAK_LIKELY((m == HAK_SEGMAP_SLABS || m == HAK_SEGMAP_SPANS) &&
-                 seg->kind != HAK_KIND_LARGE)) {
+  if (HAK_LIKELY(m == HAK_SEGMAP_SLABS) && seg->kind != HAK_KIND_LARGE) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;
     if (HAK_LIKELY(hak_slab_has_block(slab, p))) {
@@ -143,11 +142,10 @@ void *hak_realloc_impl(void *p, size_t size) {
       if (size != 0 && atomic_load_explicit(&slab->owner, memory_order_relaxed) == hak_thread_token())
         return hak_realloc_move(p, size, old);
     }
-    if (seg->kind == HAK_KIND_SPANS) {
-      size_t cls = seg->span.page_class[hak_span_page_index(p)];
-      old = hak_class_size[cls] - HAK_CANARY;
-      if (HAK_LIKELY(hak_span_is_block(cls, p) && size <= old && size >= old / 2)) return p;
-    }
+  } else if (m == HAK_SEGMAP_SPANS) {
+    size_t cls = seg->span.page_class[hak_span_page_index(p)];
+    size_t old = hak_class_size[cls] - HAK_CANARY;
+    if (HAK_LIKELY(hak_span_is_block(cls, p) && size <= old && size >= old / 2)) return p;
   }
   return realloc_generic(p, size);
 }
