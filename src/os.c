@@ -157,11 +157,16 @@ bool hak_os_last_thread(void) {
   if (n == 1) return true;
   /* The main thread that called pthread_exit stays a zombie, counted.
    * Its exe link fails with ENOENT once it has let go of the address
-   * space: read with no descriptor, unlike its stat file. */
+   * space: read with no descriptor, unlike its stat file. Its task
+   * directory must be there first (a /proc of another pid namespace has
+   * none of that number). */
   pid_t pid = getpid();
   if (n != 2 || gettid() == pid) return false;
   char path[64], target[1];
-  snprintf(path, sizeof path, "/proc/self/task/%d/exe", (int)pid);
+  int len = snprintf(path, sizeof path, "/proc/self/task/%d", (int)pid);
+  struct stat st;
+  if (stat(path, &st) != 0) return false;
+  snprintf(path + len, sizeof path - (size_t)len, "/exe");
   return readlink(path, target, sizeof target) < 0 && errno == ENOENT;
 }
 

@@ -1,5 +1,6 @@
 /* glibc-compatible introspection and memory return: the numbers must move
  * by what the test allocates, and free memory must really leave RSS. */
+#define _GNU_SOURCE /* unshare */
 #include "harness.h"
 #include "hakmem.h"
 
@@ -7,7 +8,9 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sched.h>
 #include <sys/single_threaded.h>
+#include <sys/wait.h>
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -247,6 +250,41 @@ TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
   free(a);
 }
 TEST(idle_threads_give_back_what_they_freed) { run_child("--idle-threads-child"); }
+
+/* Pid 1 of a pid namespace of its own that sees its parent's /proc, where
+ * /proc/self/task names its threads by their outer numbers: the purger
+ * must not take the missing /proc/self/task/1 for a main thread gone. */
+static int purger_in_a_pid_namespace(void) {
+  if (getpid() != 1) return 3;
+  void **a = fill(12000, 4000); /* 48 MiB, a third freed: the purger starts */
+  for (int i = 0; i < 4000; i++) free(a[i]);
+  drain(fill(32, 5000), 32);
+  if (threads_now() != 2) return 4;
+  sleep_ms(1500); /* its passes, then its look before waiting */
+  return threads_now() == 2 ? 0 : 5;
+}
+
+TEST_T(the_purger_stays_in_a_pid_namespace_that_sees_its_parents_proc, 30) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWPID) != 0) _exit(77);
+    pid_t inner = fork();
+    if (inner == 0) _exit(purger_in_a_pid_namespace());
+    int status = 0;
+    waitpid(inner, &status, 0);
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 99);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) {
+    printf("    unshare(CLONE_NEWPID) refused (no CAP_SYS_ADMIN here): not checked\n");
+    return;
+  }
+  CHECK_MSG(WEXITSTATUS(status) == 0,
+            "exit %d (4: no purger started, 5: the purger ended while main ran)", WEXITSTATUS(status));
+}
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--purge-child") == 0) return purge_child();
