@@ -113,8 +113,8 @@ static void *purge_main(void *arg) {
      * what keeps it alive. The kernel's count, not the heaps: a thread's
      * last mallocs, after its exit handler, may leave it a new heap. It
      * looks before every wait without a pass, and once a second between
-     * passes (two or three system calls, none of which opens a descriptor
-     * that a program listing its own would see: CPython's test_subprocess
+     * passes (a few system calls, none of which opens a descriptor that
+     * a program listing its own would see: CPython's test_subprocess
      * counted one as leaked). */
     uint64_t now = hak_clock_ms();
     if (!pending || now >= next_thread_look) {
