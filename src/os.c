@@ -30,17 +30,10 @@ static void *map_below_last(size_t size, size_t align) {
   return NULL;
 }
 
-/* An anonymous mapping of size bytes aligned to align (a power of two,
- * at least a page), not counted in the statistics; NULL with ENOMEM. */
-static void *map_raw(size_t size, size_t align) {
-  if (align > HAK_PAGE_SIZE) {
-    void *p = map_below_last(size, align);
-    if (p != NULL) {
-      atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
-      return p;
-    }
-  }
-  size_t over = size + (align > HAK_PAGE_SIZE ? align : 0); /* then trim both ends */
+/* size bytes aligned to align, by mapping align more and trimming both
+ * ends; NULL with ENOMEM. */
+static void *map_over(size_t size, size_t align) {
+  size_t over = size + (align > HAK_PAGE_SIZE ? align : 0);
   if (over < size) {
     errno = ENOMEM;
     return NULL;
@@ -53,7 +46,16 @@ static void *map_raw(size_t size, size_t align) {
   uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
   if (p > raw) munmap(raw, (size_t)(p - raw));
   if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
-  if (align > HAK_PAGE_SIZE) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
+  return p;
+}
+
+/* An anonymous mapping of size bytes aligned to align (a power of two,
+ * at least a page), not counted in the statistics; NULL with ENOMEM. */
+static void *map_raw(size_t size, size_t align) {
+  if (align <= HAK_PAGE_SIZE) return map_over(size, align);
+  void *p = map_below_last(size, align);
+  if (p == NULL) p = map_over(size, align);
+  if (p != NULL) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
   return p;
 }
 
@@ -164,8 +166,7 @@ bool hak_os_last_thread(void) {
   if (n != 2 || gettid() == pid) return false;
   char path[64], target[1];
   int len = snprintf(path, sizeof path, "/proc/self/task/%d", (int)pid);
-  struct stat st;
-  if (stat(path, &st) != 0) return false;
+  if (access(path, F_OK) != 0) return false;
   snprintf(path + len, sizeof path - (size_t)len, "/exe");
   return readlink(path, target, sizeof target) < 0 && errno == ENOENT;
 }
