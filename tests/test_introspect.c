@@ -234,20 +234,26 @@ TEST(a_program_of_one_thread_and_little_memory_gets_no_thread) {
   CHECK(__libc_single_threaded);
 }
 
-/* ...and gets the purger once it has mapped 32 MiB: 48 MiB of blocks, the
- * first third of them freed (their slabs empty), and refills. */
-TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
-  REQUIRE(threads_now() == 1 && __libc_single_threaded);
-  enum { N = 12000 };
-  void **a = fill(N, 4000);
-  for (int i = 0; i < N / 3; i++) {
+/* 48 MiB of blocks of 4,000 B, the first third of them freed (their slabs
+ * empty), and refills: enough for a program of one thread to get the
+ * purger. The blocks left, MAPPED_BLOCKS of them (NULL where freed). */
+enum { MAPPED_BLOCKS = 12000 };
+static void **map_enough_for_the_purger(void) {
+  void **a = fill(MAPPED_BLOCKS, 4000);
+  for (int i = 0; i < MAPPED_BLOCKS / 3; i++) {
     free(a[i]);
     a[i] = NULL;
   }
   drain(fill(32, 5000), 32);
+  return a;
+}
+
+/* ...and gets the purger once it has mapped 32 MiB. */
+TEST(a_program_of_one_thread_that_maps_32_mib_gets_the_purger) {
+  REQUIRE(threads_now() == 1 && __libc_single_threaded);
+  void **a = map_enough_for_the_purger();
   CHECK_MSG(threads_now() == 2, "threads %ld", threads_now());
-  for (int i = 0; i < N; i++) free(a[i]);
-  free(a);
+  drain(a, MAPPED_BLOCKS);
 }
 TEST(idle_threads_give_back_what_they_freed) { run_child("--idle-threads-child"); }
 
@@ -256,9 +262,7 @@ TEST(idle_threads_give_back_what_they_freed) { run_child("--idle-threads-child")
  * must not take the missing /proc/self/task/1 for a main thread gone. */
 static int purger_in_a_pid_namespace(void) {
   if (getpid() != 1) return 3;
-  void **a = fill(12000, 4000); /* 48 MiB, a third freed: the purger starts */
-  for (int i = 0; i < 4000; i++) free(a[i]);
-  drain(fill(32, 5000), 32);
+  map_enough_for_the_purger();
   if (threads_now() != 2) return 4;
   sleep_ms(1500); /* its passes, then its look before waiting */
   return threads_now() == 2 ? 0 : 5;
