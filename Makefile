@@ -6,7 +6,9 @@ PREFIX  ?= /usr/local
 BUILD   := build
 VERSION := 0.1.0
 
-SRCS    := $(sort $(wildcard src/*.c))
+# segmap.c and large.c last: the order of the library's bss (segmap.c says why).
+LAST_SRCS := src/segmap.c src/large.c
+SRCS    := $(filter-out $(LAST_SRCS),$(sort $(wildcard src/*.c))) $(LAST_SRCS)
 HDRS    := $(wildcard src/*.h src/*.inc) include/hakmem.h
 
 # Flags shared by every variant. Internal symbols are hidden so calls between

@@ -91,8 +91,9 @@ size_t hak_os_rss_peak(void);
  * called pthread_exit not counted); false when /proc cannot tell. */
 bool hak_os_last_thread(void);
 
-/* ---- segment map: one byte per 4 MiB chunk of the 47-bit address space
- * (32 MiB of address space, untouched but for the chunks hakmem uses) ---- */
+/* ---- segment map (segmap.c): one byte per 4 MiB chunk of the 47-bit
+ * address space (32 MiB of address space, untouched but for the chunks
+ * hakmem uses) ---- */
 #define HAK_SEGMAP_SIZE ((size_t)1 << (47 - HAK_SEG_SHIFT))
 extern _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 /* What a chunk's byte says, so that free goes to its tier in one compare. */
@@ -103,15 +104,21 @@ enum {
   HAK_SEGMAP_LARGE = 3, /* the large arena: headers at HAK_LARGE_GRAIN boundaries */
 };
 
+/* Chunk c's byte is the map's byte ~c: the chunks mmap hands out, at the
+ * top of the address space, have the map's first bytes, which lie within
+ * 2 MiB of the library's other data (segmap.c), so that a fork copies one
+ * page table for all of it (bash's subshells: 1.023x). */
+HAK_INLINE size_t hak_segmap_slot_of_chunk(uintptr_t chunk) { return ~chunk & (HAK_SEGMAP_SIZE - 1); }
+/* The slot of (p - 1)'s chunk: ~(p - 1) is -p. */
+HAK_INLINE size_t hak_segmap_slot(const void *p) {
+  return ((0 - (uintptr_t)p) >> HAK_SEG_SHIFT) & (HAK_SEGMAP_SIZE - 1);
+}
 /* The byte of (p - 1)'s chunk. NULL maps to the last chunk of the address
  * space, which is never used. A plain read: a chunk's byte is set before
  * any of its blocks is handed out and changed only once none is live, so
  * only a free of a pointer that is not (or no longer) a block can race
  * with the write. */
-HAK_INLINE uint8_t hak_segmap_of(const void *p) {
-  uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
-  return *(const uint8_t *)&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)];
-}
+HAK_INLINE uint8_t hak_segmap_of(const void *p) { return *(const uint8_t *)&hak_segmap[hak_segmap_slot(p)]; }
 /* Whether (p - 1)'s chunk is a segment of ours. */
 HAK_INLINE bool hak_segmap_has(const void *p) { return hak_segmap_of(p) != HAK_SEGMAP_NONE; }
 
@@ -706,8 +713,7 @@ HAK_INLINE int hak_posix_memalign_inline(void **out, size_t align, size_t size) 
 /* The byte read again, so that the first read is a compare with memory
  * (a load apart would cost free's slab path an instruction). */
 HAK_INLINE uint8_t hak_segmap_reread(const void *p) {
-  uintptr_t chunk = ((uintptr_t)p - 1) >> HAK_SEG_SHIFT;
-  return atomic_load_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], memory_order_relaxed);
+  return atomic_load_explicit(&hak_segmap[hak_segmap_slot(p)], memory_order_relaxed);
 }
 
 HAK_INLINE void hak_free_inline(void *p) {

@@ -8,7 +8,6 @@
  * cache: memory coming from or going back to the OS. */
 #include "internal.h"
 
-_Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 HAK_FORK_HELD pthread_mutex_t hak_segment_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Segments of exited threads, doubly linked through next/prev so that a
@@ -24,11 +23,6 @@ _Static_assert(HAK_MAX_SLABS == 64, "one bit per unit in a uint64_t");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_PAGE_SIZE,
                "segment header too big");
 _Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
-
-void hak_segmap_set(hak_segment_t *seg, uint8_t value) {
-  uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  atomic_store_explicit(&hak_segmap[chunk & (HAK_SEGMAP_SIZE - 1)], value, memory_order_release);
-}
 
 /* Units first .. first + n - 1 as a mask. */
 static inline uint64_t units_mask(unsigned first, unsigned n) {
