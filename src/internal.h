@@ -107,7 +107,7 @@ enum {
 /* Chunk c's byte is the map's byte ~c: the chunks mmap hands out, at the
  * top of the address space, have the map's first bytes, which lie within
  * 2 MiB of the library's other data (segmap.c), so that a fork copies one
- * page table for all of it (bash's subshells: 1.023x). */
+ * page table for all of it (bash's subshells: 1.01-1.02x). */
 HAK_INLINE size_t hak_segmap_slot_of_chunk(uintptr_t chunk) { return ~chunk & (HAK_SEGMAP_SIZE - 1); }
 /* The slot of (p - 1)'s chunk: ~(p - 1) is -p. */
 HAK_INLINE size_t hak_segmap_slot(const void *p) {
