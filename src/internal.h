@@ -63,6 +63,10 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
+/* The pages over [p, p + size) never transparent huge pages (os.c says
+ * why); mappings of HAK_HUGE_PAGE or more get it from hak_os_map. */
+#define HAK_HUGE_PAGE ((size_t)2 << 20)
+void hak_os_no_huge_pages(void *p, size_t size);
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */

@@ -206,8 +206,30 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
 }
 
+/* The chunk tables above lie in the library's bss, where the kernel may
+ * back their first writes with a huge page: 2 MiB of RSS for a program's
+ * first large block. */
+static void tables_no_huge_pages(void) {
+  const struct {
+    const void *at;
+    size_t size;
+  } tables[] = {{used_bits, sizeof used_bits}, {dirty_bits, sizeof dirty_bits},
+                {freed_ms, sizeof freed_ms},   {dirt, sizeof dirt},
+                {head_mark, sizeof head_mark}, {dirt_next, sizeof dirt_next},
+                {dirt_prev, sizeof dirt_prev}, {run_next, sizeof run_next},
+                {run_prev, sizeof run_prev}};
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+    uintptr_t at = (uintptr_t)tables[i].at;
+    if (at < lo) lo = at;
+    if (at + tables[i].size > hi) hi = at + tables[i].size;
+  }
+  hak_os_no_huge_pages((void *)lo, hi - lo);
+}
+
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
+  tables_no_huge_pages();
   uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
   if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
     hak_os_unreserve(a, ARENA_BYTES);
