@@ -63,10 +63,18 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
-/* The pages over [p, p + size) never transparent huge pages (os.c says
- * why); mappings of HAK_HUGE_PAGE or more get it from hak_os_map. */
+/* Transparent huge pages. Where the kernel backs every aligned 2 MiB it
+ * can with one (enabled=always, its own default), a page written was 2 MiB
+ * of RSS (random_mixed 2M: 5.7 MiB against 2.0, mimalloc 3.6) and a purge
+ * of part of one gives nothing back until the kernel splits it. What a
+ * program maps before HAK_HUGE_PAGES_AFTER refuses them (hak_os_map does it
+ * for mappings of HAK_HUGE_PAGE or more); a program that maps more gets
+ * what the kernel gives every program (frag 1 GiB ran 0.48x jemalloc's
+ * speed without them). */
 #define HAK_HUGE_PAGE ((size_t)2 << 20)
-void hak_os_no_huge_pages(void *p, size_t size);
+#define HAK_HUGE_PAGES_AFTER ((size_t)32 << 20)
+void hak_os_no_huge_pages(void *p, size_t size); /* [p, p + size) never */
+bool hak_os_program_is_small(void);              /* mapped under HAK_HUGE_PAGES_AFTER */
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */

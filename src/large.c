@@ -208,8 +208,10 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
 
 /* The chunk tables above lie in the library's bss, where the kernel may
  * back their first writes with a huge page: 2 MiB of RSS for a program's
- * first large block. */
-static void tables_no_huge_pages(void) {
+ * first large block. The arena's first chunks refuse them too while the
+ * program is small (internal.h). */
+static void no_huge_pages(uint8_t *a) {
+  if (hak_os_program_is_small()) hak_os_no_huge_pages(a, HAK_HUGE_PAGES_AFTER);
   const struct {
     const void *at;
     size_t size;
@@ -229,12 +231,12 @@ static void tables_no_huge_pages(void) {
 
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
-  tables_no_huge_pages();
   uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
   if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
     hak_os_unreserve(a, ARENA_BYTES);
     a = NULL;
   }
+  if (a != NULL) no_huge_pages(a);
   arena_failed = a == NULL;
   arena = a;
   return a != NULL;

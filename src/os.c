@@ -49,15 +49,19 @@ static void *map_over(size_t size, size_t align) {
   return p;
 }
 
-/* No transparent huge pages in what hakmem maps: where the kernel backs
- * every 2 MiB it can with one (enabled=always, the kernel's default), a
- * page written was 2 MiB of RSS (random_mixed: 5.7 MiB against 2.0,
- * mimalloc 3.8), and a purge of part of it returns nothing until the
- * kernel splits it. */
 void hak_os_no_huge_pages(void *p, size_t size) {
   uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
   uintptr_t hi = ((uintptr_t)p + size + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
   madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+}
+
+bool hak_os_program_is_small(void) {
+  return atomic_load_explicit(&hak_gstats.os_mapped_total, memory_order_relaxed) < HAK_HUGE_PAGES_AFTER;
+}
+
+/* A mapping of a small program refuses huge pages; one under 2 MiB holds none. */
+static void no_huge_pages_while_small(void *p, size_t size) {
+  if (size >= HAK_HUGE_PAGE && hak_os_program_is_small()) hak_os_no_huge_pages(p, size);
 }
 
 /* An anonymous mapping of size bytes aligned to align (a power of two,
@@ -65,9 +69,7 @@ void hak_os_no_huge_pages(void *p, size_t size) {
 static void *map_raw(size_t size, size_t align) {
   void *p = align <= HAK_PAGE_SIZE ? map_over(size, align) : map_below_last(size, align);
   if (p == NULL && align > HAK_PAGE_SIZE) p = map_over(size, align);
-  if (p == NULL) return NULL;
-  if (align > HAK_PAGE_SIZE) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
-  if (size >= HAK_HUGE_PAGE) hak_os_no_huge_pages(p, size); /* a smaller one holds none */
+  if (p != NULL && align > HAK_PAGE_SIZE) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
   return p;
 }
 
@@ -75,7 +77,9 @@ void *hak_os_map(size_t size) { return hak_os_map_aligned(size, HAK_PAGE_SIZE); 
 
 void *hak_os_map_aligned(size_t size, size_t align) {
   void *p = map_raw(size, align);
-  if (p != NULL) hak_stats_mapped(size, true);
+  if (p == NULL) return NULL;
+  no_huge_pages_while_small(p, size);
+  hak_stats_mapped(size, true);
   return p;
 }
 
@@ -205,7 +209,7 @@ static void map_again(void *p, size_t size) {
   if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
            -1, 0) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
-  if (size >= HAK_HUGE_PAGE) hak_os_no_huge_pages(p, size);
+  no_huge_pages_while_small(p, size);
 }
 
 bool hak_os_move(void *old, size_t size, void *target) {

@@ -365,9 +365,10 @@ static int area_refuses_huge_pages(const void *p) {
 /* Where the kernel backs every aligned 2 MiB it can with a huge page
  * (transparent_hugepage/enabled = always), a page written in a segment
  * took 2 MiB of RSS: a program of a few blocks held 12 MiB instead of 2.2.
- * Every mapping of 2 MiB or more that hakmem makes refuses huge pages:
- * slab and span segments, the large arena, a block mapped on its own. */
-TEST(hakmems_mappings_refuse_transparent_huge_pages) {
+ * What a program maps before it has mapped 32 MiB refuses huge pages:
+ * slab and span segments, the large arena's first chunks, a block mapped
+ * on its own. What it maps after gets the kernel's policy. */
+TEST(a_small_programs_mappings_refuse_transparent_huge_pages) {
   void *slab = malloc(100), *span = malloc(20000), *large = malloc(3 << 20);
   void *own = malloc((size_t)20 << 30); /* past the arena's largest block */
   REQUIRE(slab && span && large);
@@ -375,6 +376,10 @@ TEST(hakmems_mappings_refuse_transparent_huge_pages) {
   CHECK_MSG(area_refuses_huge_pages(span) == 1, "span segment: %d", area_refuses_huge_pages(span));
   CHECK_MSG(area_refuses_huge_pages(large) == 1, "large arena: %d", area_refuses_huge_pages(large));
   if (own) CHECK_MSG(area_refuses_huge_pages(own) == 1, "own mapping: %d", area_refuses_huge_pages(own));
+  void **blocks = fill(12000, 4000); /* 48 MiB: the last in a segment mapped past 32 MiB */
+  CHECK_MSG(area_refuses_huge_pages(blocks[11999]) == 0, "a segment of a program past 32 MiB: %d",
+            area_refuses_huge_pages(blocks[11999]));
+  drain(blocks, 12000);
   free(slab);
   free(span);
   free(large);
