@@ -67,14 +67,16 @@ void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
  * can with one (enabled=always, its own default), a page written was 2 MiB
  * of RSS (random_mixed 2M: 5.7 MiB against 2.0, mimalloc 3.6) and a purge
  * of part of one gives nothing back until the kernel splits it. What a
- * program maps before HAK_HUGE_PAGES_AFTER refuses them (hak_os_map does it
- * for mappings of HAK_HUGE_PAGE or more); a program that maps more gets
- * what the kernel gives every program (frag 1 GiB ran 0.48x jemalloc's
- * speed without them). */
+ * program maps while it holds less than HAK_HUGE_PAGES_AFTER mapped refuses
+ * them (hak_os_map does it for mappings of HAK_HUGE_PAGE or more); a
+ * program that holds more gets what the kernel gives every program (frag
+ * 1 GiB ran 0.48x jemalloc's speed without them). Held, not mapped in all
+ * (larson's threads come and go), and 64 MiB: larson 4t holds 41 MiB of
+ * segments for 3.6 MiB of RSS, 9.1 MiB with huge pages past 32 MiB. */
 #define HAK_HUGE_PAGE ((size_t)2 << 20)
-#define HAK_HUGE_PAGES_AFTER ((size_t)32 << 20)
+#define HAK_HUGE_PAGES_AFTER ((size_t)64 << 20)
 void hak_os_no_huge_pages(void *p, size_t size); /* [p, p + size) never */
-bool hak_os_program_is_small(void);              /* mapped under HAK_HUGE_PAGES_AFTER */
+bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_AFTER */
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */

@@ -208,8 +208,8 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
 
 /* The chunk tables above lie in the library's bss, where the kernel may
  * back their first writes with a huge page: 2 MiB of RSS for a program's
- * first large block. The arena's first chunks refuse them too while the
- * program is small (internal.h). */
+ * first large block. The arena's first HAK_HUGE_PAGES_AFTER bytes refuse
+ * them too if the program is small when it reserves the arena (internal.h). */
 static void no_huge_pages(uint8_t *a) {
   if (hak_os_program_is_small()) hak_os_no_huge_pages(a, HAK_HUGE_PAGES_AFTER);
   const struct {

@@ -56,7 +56,7 @@ void hak_os_no_huge_pages(void *p, size_t size) {
 }
 
 bool hak_os_program_is_small(void) {
-  return atomic_load_explicit(&hak_gstats.os_mapped_total, memory_order_relaxed) < HAK_HUGE_PAGES_AFTER;
+  return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) < HAK_HUGE_PAGES_AFTER;
 }
 
 /* A mapping of a small program refuses huge pages; one under 2 MiB holds none. */

@@ -365,9 +365,9 @@ static int area_refuses_huge_pages(const void *p) {
 /* Where the kernel backs every aligned 2 MiB it can with a huge page
  * (transparent_hugepage/enabled = always), a page written in a segment
  * took 2 MiB of RSS: a program of a few blocks held 12 MiB instead of 2.2.
- * What a program maps before it has mapped 32 MiB refuses huge pages:
- * slab and span segments, the large arena's first chunks, a block mapped
- * on its own. What it maps after gets the kernel's policy. */
+ * What a program maps while it holds less than 64 MiB mapped refuses huge
+ * pages: slab and span segments, the large arena's first chunks, a block
+ * mapped on its own. What it maps after gets the kernel's policy. */
 TEST(a_small_programs_mappings_refuse_transparent_huge_pages) {
   void *slab = malloc(100), *span = malloc(20000), *large = malloc(3 << 20);
   void *own = malloc((size_t)20 << 30); /* past the arena's largest block */
@@ -376,10 +376,12 @@ TEST(a_small_programs_mappings_refuse_transparent_huge_pages) {
   CHECK_MSG(area_refuses_huge_pages(span) == 1, "span segment: %d", area_refuses_huge_pages(span));
   CHECK_MSG(area_refuses_huge_pages(large) == 1, "large arena: %d", area_refuses_huge_pages(large));
   if (own) CHECK_MSG(area_refuses_huge_pages(own) == 1, "own mapping: %d", area_refuses_huge_pages(own));
-  void **blocks = fill(12000, 4000); /* 48 MiB: the last in a segment mapped past 32 MiB */
-  CHECK_MSG(area_refuses_huge_pages(blocks[11999]) == 0, "a segment of a program past 32 MiB: %d",
-            area_refuses_huge_pages(blocks[11999]));
-  drain(blocks, 12000);
+  free(own); /* 20 GiB held would make the program big at once */
+  own = NULL;
+  void **blocks = fill(24000, 4000); /* 96 MiB: the last in a segment mapped past 64 MiB */
+  CHECK_MSG(area_refuses_huge_pages(blocks[23999]) == 0, "a segment of a program past 64 MiB: %d",
+            area_refuses_huge_pages(blocks[23999]));
+  drain(blocks, 24000);
   free(slab);
   free(span);
   free(large);
