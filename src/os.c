@@ -67,9 +67,10 @@ static void no_huge_pages_while_small(void *p, size_t size) {
 /* An anonymous mapping of size bytes aligned to align (a power of two,
  * at least a page), not counted in the statistics; NULL with ENOMEM. */
 static void *map_raw(size_t size, size_t align) {
-  void *p = align <= HAK_PAGE_SIZE ? map_over(size, align) : map_below_last(size, align);
-  if (p == NULL && align > HAK_PAGE_SIZE) p = map_over(size, align);
-  if (p != NULL && align > HAK_PAGE_SIZE) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
+  if (align <= HAK_PAGE_SIZE) return map_over(size, align);
+  void *p = map_below_last(size, align);
+  if (p == NULL) p = map_over(size, align);
+  if (p != NULL) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
   return p;
 }
 
