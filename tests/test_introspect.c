@@ -296,9 +296,9 @@ TEST_T(the_purger_stays_in_a_pid_namespace_that_sees_its_parents_proc, 30) {
  * are present: the lowest and the highest address, 0 and 0 for none. */
 typedef struct {
   uintptr_t start, end, lowest, highest;
-} written_t;
+} present_t;
 static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) {
-  written_t *w = arg;
+  present_t *w = arg;
   if (!strstr(info->dlpi_name, "libhakmem.so")) return 0;
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -321,7 +321,7 @@ TEST(what_the_library_touches_of_its_data_lies_within_2_mib) {
   void **small[56];
   for (int c = 0; c < 56; c++) small[c] = fill(4, 16 + (size_t)c * 128);
   void **spans = fill(8, 20000), **big_spans = fill(2, 200000);
-  written_t w = {0};
+  present_t w = {0};
   REQUIRE(dl_iterate_phdr(find_library_data, &w) == 1 && w.end > w.start);
   int fd = open("/proc/self/pagemap", O_RDONLY);
   REQUIRE(fd >= 0);
