@@ -123,9 +123,9 @@ enum {
  * 2 MiB of the library's other data (segmap.c), so that a fork copies one
  * page table for all of it (bash's subshells: 1.01-1.02x). */
 HAK_INLINE size_t hak_segmap_slot_of_chunk(uintptr_t chunk) { return ~chunk & (HAK_SEGMAP_SIZE - 1); }
-/* The slot of (p - 1)'s chunk: ~(p - 1) is -p. */
+/* The slot of (p - 1)'s chunk. */
 HAK_INLINE size_t hak_segmap_slot(const void *p) {
-  return ((0 - (uintptr_t)p) >> HAK_SEG_SHIFT) & (HAK_SEGMAP_SIZE - 1);
+  return hak_segmap_slot_of_chunk(((uintptr_t)p - 1) >> HAK_SEG_SHIFT);
 }
 /* The byte of (p - 1)'s chunk. NULL maps to the last chunk of the address
  * space, which is never used. A plain read: a chunk's byte is set before
