@@ -77,6 +77,9 @@ void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
 #define HAK_HUGE_PAGES_AFTER ((size_t)64 << 20)
 void hak_os_no_huge_pages(void *p, size_t size); /* [p, p + size) never */
 bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_AFTER */
+/* Has the kernel write [p, p + size)'s pages now, in one call instead of a
+ * fault each (here 1.5 us a page against 2.0); nothing where it cannot. */
+void hak_os_populate(void *p, size_t size);
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only (counted as mapped when used), aligned to align.
  * NULL on failure. */

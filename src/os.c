@@ -59,6 +59,15 @@ bool hak_os_program_is_small(void) {
   return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) < HAK_HUGE_PAGES_AFTER;
 }
 
+void hak_os_populate(void *p, size_t size) {
+  static _Atomic bool unknown; /* a kernel before 5.14 */
+  if (atomic_load_explicit(&unknown, memory_order_relaxed)) return;
+  int saved = errno;
+  if (madvise(p, size, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+    atomic_store_explicit(&unknown, true, memory_order_relaxed);
+  errno = saved;
+}
+
 /* A mapping of a small program refuses huge pages; one under 2 MiB holds none. */
 static void no_huge_pages_while_small(void *p, size_t size) {
   if (size >= HAK_HUGE_PAGE && hak_os_program_is_small()) hak_os_no_huge_pages(p, size);

@@ -169,6 +169,23 @@ static inline size_t carve_batch(size_t bs) {
   return n < 4 ? 4 : n;
 }
 
+/* A big program carves pages by the thousand, and a fault each costs more
+ * than the kernel writing them in one call: a carve that enters a unit's
+ * worth (64 KiB) of its slab has the rest of it written at once (frag 1 GiB
+ * 1.075x). A small program keeps to the pages it carves. */
+static void carve_populate(hak_segment_t *seg, hak_slab_t *slab, uintptr_t lo, uintptr_t hi) {
+  bool enters = slab->reserved == 0 || ((lo - 1) >> HAK_UNIT_SHIFT) != ((hi - 1) >> HAK_UNIT_SHIFT);
+  if (!enters || hak_os_program_is_small()) return;
+  uintptr_t page = ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  uintptr_t from = (hi - 1) & ~(uintptr_t)(HAK_UNIT_SIZE - 1);
+  if (from < (lo & page)) from = lo & page;
+  uintptr_t end = (uintptr_t)hak_slab_start(seg, slab) + (size_t)slab->capacity * slab->block_size;
+  uintptr_t to = ((hi - 1) | (HAK_UNIT_SIZE - 1)) + 1;
+  if (to > end) to = end;
+  to = (to + HAK_PAGE_SIZE - 1) & page;
+  hak_os_populate((void *)from, to - from);
+}
+
 /* Carves the next batch of never-used blocks into a list. */
 static hak_block_t *slab_carve(hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
@@ -176,6 +193,7 @@ static hak_block_t *slab_carve(hak_slab_t *slab) {
   size_t n = carve_batch(bs);
   if (n > slab->capacity - slab->reserved) n = slab->capacity - slab->reserved;
   uint8_t *first = hak_slab_start(seg, slab) + (size_t)slab->reserved * bs;
+  carve_populate(seg, slab, (uintptr_t)first, (uintptr_t)first + n * bs);
   hak_slab_set_reserved(slab, slab->reserved + (uint32_t)n);
 #if HAK_SECURE
   /* A random order, so the next block's address cannot be predicted. */

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
 
@@ -386,6 +387,37 @@ TEST(a_small_programs_mappings_refuse_transparent_huge_pages) {
   free(span);
   free(large);
   free(own);
+}
+
+/* Whether the page holding p is present (mincore); -1 on error. */
+static int page_present(const void *p) {
+  unsigned char v;
+  void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+  return mincore(page, 4096, &v) == 0 ? v & 1 : -1;
+}
+
+/* The last page of the 64 KiB (a segment unit) holding p. */
+static const char *last_page_of_unit(const void *p) {
+  return (const char *)(((uintptr_t)p | 0xFFFF) - 0xFFF);
+}
+
+/* A program past 64 MiB carves pages by the thousand: a carve that enters
+ * a unit's worth (64 KiB) of a slab has the kernel write all of it in one
+ * call, instead of a fault a page. A small program has only the pages it
+ * carves. */
+TEST(a_big_programs_carve_has_its_whole_unit_written_at_once) {
+  char *small = malloc(2048); /* a fresh slab carves 4 blocks: 8 KiB */
+  REQUIRE(small);
+  CHECK_MSG(page_present(last_page_of_unit(small)) == 0, "a small program's unit: %d",
+            page_present(last_page_of_unit(small)));
+  void **blocks = fill(24000, 4000); /* 96 MiB */
+  char *big = malloc(1024); /* 4 blocks: one page */
+  REQUIRE(big);
+  CHECK_MSG(page_present(last_page_of_unit(big)) == 1, "a big program's unit: %d",
+            page_present(last_page_of_unit(big)));
+  free(big);
+  drain(blocks, 24000);
+  free(small);
 }
 
 int main(int argc, char **argv) {
