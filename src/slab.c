@@ -172,7 +172,7 @@ static inline size_t carve_batch(size_t bs) {
 /* A big program carves pages by the thousand, and a fault each costs more
  * than the kernel writing them in one call: a carve that enters a unit's
  * worth (64 KiB) of its slab has the rest of it written at once (frag 1 GiB
- * 1.075x). A small program keeps to the pages it carves. */
+ * 1.080x). A small program keeps to the pages it carves. */
 static void carve_populate(hak_segment_t *seg, hak_slab_t *slab, uintptr_t lo, uintptr_t hi) {
   bool enters = slab->reserved == 0 || ((lo - 1) >> HAK_UNIT_SHIFT) != ((hi - 1) >> HAK_UNIT_SHIFT);
   if (!enters || hak_os_program_is_small()) return;
