@@ -172,7 +172,7 @@ static inline size_t carve_batch(size_t bs) {
 /* A big program carves pages by the thousand, and a fault each costs more
  * than the kernel writing them in one call: a carve that enters a unit's
  * worth (64 KiB) of a busy class's slab has the rest of it written at once
- * (frag 1 GiB 1.080x). Only busy: a slab longer than a unit is one of a
+ * (frag 1 GiB 1.076x). Only busy: a slab longer than a unit is one of a
  * class that filled one before (slab_units); 8 threads that took a block of
  * 25 classes each had 11 MiB written for 1.5. A small program keeps to the
  * pages it carves. */
