@@ -39,9 +39,8 @@ bool hak_single_threaded(void) {
 static HAK_FORK_HELD bool fork_locked;
 
 static void fork_prepare(void) {
-  bool locked = !hak_single_threaded();
-  if (locked != fork_locked) fork_locked = locked; /* no write, no fault, while unthreaded */
-  if (!locked) return;
+  fork_locked = !hak_single_threaded();
+  if (!fork_locked) return;
   hak_purge_fork_prepare();
   hak_heaps_lock_all();
   hak_span_fork_prepare();
