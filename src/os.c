@@ -60,11 +60,11 @@ bool hak_os_program_is_small(void) {
 }
 
 void hak_os_populate(void *p, size_t size) {
-  static _Atomic bool unknown; /* a kernel before 5.14 */
-  if (atomic_load_explicit(&unknown, memory_order_relaxed)) return;
+  static _Atomic bool refused; /* by a kernel before 5.14, or a seccomp filter */
+  if (atomic_load_explicit(&refused, memory_order_relaxed)) return;
   int saved = errno;
-  if (madvise(p, size, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
-    atomic_store_explicit(&unknown, true, memory_order_relaxed);
+  if (madvise(p, size, MADV_POPULATE_WRITE) != 0 && (errno == EINVAL || errno == EPERM))
+    atomic_store_explicit(&refused, true, memory_order_relaxed);
   errno = saved;
 }
 

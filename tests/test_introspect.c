@@ -11,7 +11,12 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sched.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
 
@@ -436,6 +441,38 @@ TEST(a_big_programs_carve_has_its_whole_unit_written_at_once) {
   for (size_t i = 0; i < nbusy; i++) free(busy[i]);
   for (size_t i = 0; i < nsmall; i++) free(small[i]);
   free(first);
+  drain(blocks, 24000);
+}
+
+/* Refuses madvise(MADV_POPULATE_WRITE) with EPERM from here on, as a
+ * sandbox's seccomp filter may; false if the filter cannot be set. */
+static bool refuse_populate(void) {
+  struct sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_madvise, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, MADV_POPULATE_WRITE, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+/* Where the kernel refuses to write pages ahead, a big program's pages
+ * fault in one by one, and malloc leaves errno as it was. */
+TEST(pages_written_ahead_refused_leave_errno_alone) {
+  REQUIRE(refuse_populate());
+  errno = 12345;
+  void **blocks = fill(24000, 4000); /* 96 MiB: refused from the first carve past 64 */
+  static void *busy[400];
+  size_t nbusy = fill_into_a_busy_unit(busy, 2048);
+  CHECK_MSG(errno == 12345, "errno %d", errno);
+  REQUIRE(nbusy < 400);
+  CHECK_MSG(page_present(last_page_of_unit(busy[nbusy - 1])) == 0, "refused, yet written: %d",
+            page_present(last_page_of_unit(busy[nbusy - 1])));
+  for (size_t i = 0; i < nbusy; i++) free(busy[i]);
   drain(blocks, 24000);
 }
 
