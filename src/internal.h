@@ -269,6 +269,9 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
 HAK_INLINE unsigned hak_span_page_index(const void *p) {
   return (unsigned)(((uintptr_t)p & HAK_SEG_MASK) >> HAK_PAGE_SHIFT);
 }
+/* a rounded down and up to a page (up wraps to 0 past the top). */
+HAK_INLINE uintptr_t hak_page_down(uintptr_t a) { return a & ~(uintptr_t)(HAK_PAGE_SIZE - 1); }
+HAK_INLINE uintptr_t hak_page_up(uintptr_t a) { return hak_page_down(a + HAK_PAGE_SIZE - 1); }
 /* Whether p is the start of a page (span blocks start on one). */
 HAK_INLINE bool hak_is_page_start(const void *p) { return ((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0; }
 /* Whether w, the word of p's page, says p starts a block in use. */

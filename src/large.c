@@ -155,7 +155,6 @@ static size_t dirty_best(size_t need) {
   }
 }
 
-static size_t page_up(size_t n) { return (n + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1); }
 static size_t chunks_of(size_t map_size) { return (map_size + GRAIN_MASK) >> GRAIN_SHIFT; }
 static uint8_t *chunk_addr(size_t i) { return arena + (i << GRAIN_SHIFT); }
 static size_t chunk_index(const void *p) {
@@ -791,7 +790,7 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET
                   : align <= HAK_SEG_SIZE   ? align
                                             : HAK_SEG_SIZE;
-  size_t map_size = page_up(offset + size);
+  size_t map_size = hak_page_up(offset + size);
   hak_heap_t *heap = hak_tls_heap;
   hak_segment_t *seg = NULL;
   /* calloc too, which then clears the block: when calloc left them to
@@ -903,7 +902,7 @@ void *hak_large_realloc(hak_segment_t *seg, void *p, size_t size) {
   if (size <= old_size && size >= old_size / 2) return p;
   hak_segment_t *r = NULL;
   if (size <= PTRDIFF_MAX - 2 * HAK_SEG_SIZE) {
-    size_t new_map = page_up(offset + size);
+    size_t new_map = hak_page_up(offset + size);
     if (in_arena(seg)) {
       /* the chunks of kept blocks may be where it grows */
       if (new_map > seg->map_size) hak_large_kept_release(hak_tls_heap, true);

@@ -50,8 +50,7 @@ static void *map_over(size_t size, size_t align) {
 }
 
 void hak_os_no_huge_pages(void *p, size_t size) {
-  uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
-  uintptr_t hi = ((uintptr_t)p + size + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  uintptr_t lo = hak_page_down((uintptr_t)p), hi = hak_page_up((uintptr_t)p + size);
   madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
 }
 

@@ -44,7 +44,7 @@ EXPORT void *memalign(size_t align, size_t size) {
 }
 EXPORT void *valloc(size_t size) { return hak_alloc_aligned_inline(HAK_PAGE_SIZE, size); }
 EXPORT void *pvalloc(size_t size) {
-  size_t rounded = (size + HAK_PAGE_SIZE - 1) & ~(HAK_PAGE_SIZE - 1);
+  size_t rounded = hak_page_up(size);
   if (rounded < size) {
     errno = ENOMEM;
     return NULL;

@@ -190,7 +190,7 @@ static bool purge_due(uint64_t since, uint64_t now, bool force, uint64_t *next) 
 static void purge_tail(hak_segment_t *seg, hak_slab_t *s) {
   uintptr_t carved = (uintptr_t)hak_slab_start(seg, s) + (uintptr_t)s->reserved * s->block_size;
   uintptr_t end = (uintptr_t)hak_slab_start(seg, s) + hak_slab_bytes(s);
-  uintptr_t start = (carved + HAK_PAGE_SIZE - 1) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+  uintptr_t start = hak_page_up(carved);
   if (start > end) start = end;
   /* The page of the last block carved keeps the old bytes past it: zero
    * them, so that all the unreserved memory is zero, as s->zero says. */

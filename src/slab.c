@@ -179,13 +179,11 @@ static inline size_t carve_batch(size_t bs) {
 static void carve_populate(hak_segment_t *seg, hak_slab_t *slab, uintptr_t lo, uintptr_t hi) {
   bool enters = slab->reserved == 0 || ((lo - 1) >> HAK_UNIT_SHIFT) != ((hi - 1) >> HAK_UNIT_SHIFT);
   if (!enters || slab->units < 2 || hak_os_program_is_small()) return;
-  uintptr_t page_mask = ~(uintptr_t)(HAK_PAGE_SIZE - 1);
   uintptr_t from = (hi - 1) & ~(uintptr_t)(HAK_UNIT_SIZE - 1);
-  if (from < (lo & page_mask)) from = lo & page_mask;
+  if (from < hak_page_down(lo)) from = hak_page_down(lo);
   uintptr_t end = (uintptr_t)hak_slab_start(seg, slab) + (size_t)slab->capacity * slab->block_size;
   uintptr_t to = ((hi - 1) | (HAK_UNIT_SIZE - 1)) + 1;
-  if (to > end) to = end;
-  to = (to + HAK_PAGE_SIZE - 1) & page_mask;
+  to = hak_page_up(to < end ? to : end);
   hak_os_populate((void *)from, to - from);
 }
 
