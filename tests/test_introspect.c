@@ -298,6 +298,17 @@ TEST_T(the_purger_stays_in_a_pid_namespace_that_sees_its_parents_proc, 30) {
             "exit %d (4: no purger started, 5: the purger ended while main ran)", WEXITSTATUS(status));
 }
 
+/* Whether the page holding p is present in this process (its pagemap
+ * entry: mincore would answer for a file's page cache); -1 if unread. */
+static int page_present(const void *p) {
+  int fd = open("/proc/self/pagemap", O_RDONLY);
+  uint64_t entry = 0;
+  bool read = fd >= 0 && pread(fd, &entry, sizeof entry, (off_t)((uintptr_t)p / 4096 * sizeof entry)) ==
+                             (ssize_t)sizeof entry;
+  if (fd >= 0) close(fd);
+  return read ? (int)(entry >> 63) : -1;
+}
+
 /* The pages of the library's writable segment (its data and bss) that
  * are present: the lowest and the highest address, 0 and 0 for none. */
 typedef struct {
@@ -329,16 +340,13 @@ TEST(what_the_library_touches_of_its_data_lies_within_2_mib) {
   void **spans = fill(8, 20000), **big_spans = fill(2, 200000);
   present_t w = {0};
   REQUIRE(dl_iterate_phdr(find_library_data, &w) == 1 && w.end > w.start);
-  int fd = open("/proc/self/pagemap", O_RDONLY);
-  REQUIRE(fd >= 0);
   for (uintptr_t page = w.start; page < w.end; page += 4096) {
-    uint64_t entry = 0;
-    REQUIRE(pread(fd, &entry, sizeof entry, (off_t)(page / 4096 * sizeof entry)) == sizeof entry);
-    if (!(entry >> 63)) continue; /* not present */
+    int present = page_present((const void *)page);
+    REQUIRE(present >= 0);
+    if (!present) continue;
     if (!w.lowest) w.lowest = page;
     w.highest = page;
   }
-  close(fd);
   printf("    data and bss: %zu KiB; pages present from +0x%lx to +0x%lx\n", (w.end - w.start) >> 10,
          (unsigned long)(w.lowest - w.start), (unsigned long)(w.highest - w.start));
   CHECK(w.lowest != 0);
@@ -392,13 +400,6 @@ TEST(a_small_programs_mappings_refuse_transparent_huge_pages) {
   free(span);
   free(large);
   free(own);
-}
-
-/* Whether the page holding p is present (mincore); -1 on error. */
-static int page_present(const void *p) {
-  unsigned char v;
-  void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
-  return mincore(page, 4096, &v) == 0 ? v & 1 : -1;
 }
 
 /* The last page of the 64 KiB (a segment unit) holding p. */
