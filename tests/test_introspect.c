@@ -428,17 +428,17 @@ TEST(a_big_programs_carve_has_its_whole_unit_written_at_once) {
   static void *small[400], *busy[400];
   size_t nsmall = fill_into_a_busy_unit(small, 1024);
   REQUIRE(nsmall < 400);
-  CHECK_MSG(page_present(last_page_of_unit(small[nsmall - 1])) == 0, "a small program's unit: %d",
-            page_present(last_page_of_unit(small[nsmall - 1])));
+  int small_end = page_present(last_page_of_unit(small[nsmall - 1]));
+  CHECK_MSG(small_end == 0, "a small program's unit: %d", small_end);
   void **blocks = fill(24000, 4000); /* 96 MiB */
   char *first = malloc(512); /* a class's first slab: 4 KiB carved */
   REQUIRE(first);
-  CHECK_MSG(page_present(last_page_of_unit(first)) == 0, "a first slab's unit: %d",
-            page_present(last_page_of_unit(first)));
+  int first_end = page_present(last_page_of_unit(first));
+  CHECK_MSG(first_end == 0, "a first slab's unit: %d", first_end);
   size_t nbusy = fill_into_a_busy_unit(busy, 2048);
   REQUIRE(nbusy < 400);
-  CHECK_MSG(page_present(last_page_of_unit(busy[nbusy - 1])) == 1, "a big program's unit: %d",
-            page_present(last_page_of_unit(busy[nbusy - 1])));
+  int busy_end = page_present(last_page_of_unit(busy[nbusy - 1]));
+  CHECK_MSG(busy_end == 1, "a big program's unit: %d", busy_end);
   for (size_t i = 0; i < nbusy; i++) free(busy[i]);
   for (size_t i = 0; i < nsmall; i++) free(small[i]);
   free(first);
@@ -471,8 +471,8 @@ TEST(pages_written_ahead_refused_leave_errno_alone) {
   size_t nbusy = fill_into_a_busy_unit(busy, 2048);
   CHECK_MSG(errno == 12345, "errno %d", errno);
   REQUIRE(nbusy < 400);
-  CHECK_MSG(page_present(last_page_of_unit(busy[nbusy - 1])) == 0, "refused, yet written: %d",
-            page_present(last_page_of_unit(busy[nbusy - 1])));
+  int busy_end = page_present(last_page_of_unit(busy[nbusy - 1]));
+  CHECK_MSG(busy_end == 0, "refused, yet written: %d", busy_end);
   for (size_t i = 0; i < nbusy; i++) free(busy[i]);
   drain(blocks, 24000);
 }
