@@ -490,9 +490,10 @@ extern _Atomic int hak_purge_started, hak_purge_running;
 void hak_purge_start_slow(void);
 /* What a program of one thread maps before the purger gets a thread. */
 #define HAK_PURGER_MIN_MAPPED ((size_t)32 << 20)
-/* Starts the purger thread if it was asked for and is not running; called
- * only where no lock is held and the caller's own work is done, as creating
- * the thread allocates (pthread_create reenters malloc). */
+/* Starts the purger thread if it was asked for and is not running, or,
+ * where it runs no thread, makes a pass that is due; called only where no
+ * lock is held and the caller's own work is done, as creating the thread
+ * allocates (pthread_create reenters malloc). */
 HAK_INLINE void hak_purge_start(void) {
   if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
     hak_purge_start_slow();

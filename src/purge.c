@@ -83,16 +83,47 @@ bool hak_purge_growing(uint64_t now, bool took) {
                    (uint64_t)hak_opt.purge_delay_ms;
 }
 
-static bool purge_pass(void) {
-  pthread_mutex_lock(&pass_lock);
+/* Under pass_lock: purges what is due; true while something waits. */
+static bool pass_locked(void) {
   drain();
   bool pending = hak_heaps_purge_due(hak_clock_ms());
   pending |= hak_segment_purge_abandoned(false);
   pending |= hak_span_purge(false);
   pending |= hak_segment_cache_collect(false);
   pending |= hak_large_cache_collect(false);
+  return pending;
+}
+
+static bool purge_pass(void) {
+  pthread_mutex_lock(&pass_lock);
+  bool pending = pass_locked();
   pthread_mutex_unlock(&pass_lock);
   return pending;
+}
+
+/* Time between passes: a quarter of the delay, within 10 ms and 1 s. */
+static uint64_t pass_step_ms(void) {
+  uint64_t step = (uint64_t)hak_opt.purge_delay_ms / 4;
+  return step < 10 ? 10 : step > 1000 ? 1000 : step;
+}
+
+static _Atomic uint64_t next_inline_ms; /* when the program's calls may pass again */
+
+/* Without the thread (HAKMEM_PURGE_THREAD=0, or a program of one thread
+ * that has mapped little), the program's calls make the passes, as often
+ * as the thread would. Its refills once purged their own heap's slabs
+ * only: freed span pages and large blocks stayed committed for good (a
+ * 64 MiB block freed, then 0.5 s of small mallocs: 67 MiB of RSS left). */
+static void purge_inline(void) {
+  uint64_t now = hak_clock_ms(), next = atomic_load_explicit(&next_inline_ms, memory_order_relaxed);
+  if (now < next ||
+      !atomic_compare_exchange_strong(&next_inline_ms, &next, now + pass_step_ms()) ||
+      pthread_mutex_trylock(&pass_lock) != 0)
+    return;
+  atomic_store(&wanted, 0); /* what is scheduled during the pass sets it again */
+  bool pending = pass_locked();
+  pthread_mutex_unlock(&pass_lock);
+  if (pending) atomic_store(&wanted, 1);
 }
 
 static void *purge_main(void *arg) {
@@ -102,9 +133,7 @@ static void *purge_main(void *arg) {
   atomic_store_explicit(&hak_purge_running, 1, memory_order_release);
   uint64_t next_thread_look = 0;
   for (;;) {
-    uint64_t delay = (uint64_t)hak_opt.purge_delay_ms;
-    uint64_t step = delay / 4;
-    wait_ms(step < 10 ? 10 : step > 1000 ? 1000 : step);
+    wait_ms(pass_step_ms());
     atomic_store(&wanted, 0);
     bool pending = purge_pass();
     /* The program's threads may all be gone (a main that called
@@ -176,9 +205,11 @@ static bool purger_worth_a_thread(void) {
 }
 
 void hak_purge_start_slow(void) {
-  if (!atomic_load_explicit(&wanted, memory_order_relaxed) || !hak_opt.purge_thread ||
-      hak_opt.purge_delay_ms == 0 || !purger_worth_a_thread())
+  if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
+  if (!hak_opt.purge_thread || !purger_worth_a_thread()) {
+    purge_inline();
     return;
+  }
   int expected = 0;
   if (!atomic_compare_exchange_strong(&hak_purge_started, &expected, 1)) return;
   init_wait_cond();

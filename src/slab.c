@@ -550,15 +550,6 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
   HAK_STAT_ADD(refills, 1);
   heap->slab_refilled |= UINT64_C(1) << cls;
   __atomic_store_n(&heap->refills, heap->refills + 1, __ATOMIC_RELAXED);
-  /* Purges are the purger thread's job; without it, refills do them. */
-  uint64_t purge_at = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED);
-  if (HAK_UNLIKELY(purge_at != 0) &&
-      !atomic_load_explicit(&hak_purge_running, memory_order_relaxed) &&
-      hak_clock_ms() >= purge_at) {
-    pthread_mutex_lock(&heap->lock);
-    hak_segment_purge(heap, false);
-    pthread_mutex_unlock(&heap->lock);
-  }
   /* Blocks other threads freed come before new ones: a producer whose
    * consumers free its blocks (xmalloc) carved a fresh page for most
    * refills while its FULL slabs held the blocks that came back. */
@@ -633,22 +624,20 @@ static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t 
 }
 
 /* Most refills find blocks the owner freed to the class's current slab:
- * those take no frame and no clock read. A purge that is due without the
- * purger thread, a new thread's sentinel heap (its queues are empty) and
- * everything else go the long way. */
+ * those take no lock, and read no clock unless something waits for a
+ * pass in a program without the purger thread (hak_purge_start). A new
+ * thread's sentinel heap (its queues are empty) and everything else go
+ * the long way. */
 void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
   hak_slab_t *slab = heap->queue[cls].first;
-  if (HAK_UNLIKELY(slab == NULL || slab->local_free == NULL ||
-                   (__atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED) != 0 &&
-                    !atomic_load_explicit(&hak_purge_running, memory_order_relaxed))))
+  if (HAK_UNLIKELY(slab == NULL || slab->local_free == NULL))
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
   heap->slab_refilled |= UINT64_C(1) << cls;
   hak_block_t *list = take_local(slab);
   slab_all_out(heap, slab);
   heap->free[cls] = list;
-  HAK_CSTAT_ALLOC(cls, size);
-  return hak_heap_pop(heap, cls);
+  return hak_refill_done(hak_heap_pop(heap, cls), cls, size);
 }
 
 /* Slabs released in a row, with none taken, after which every class

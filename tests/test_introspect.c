@@ -20,6 +20,15 @@
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
 
+/* The process's threads, or -1. */
+static long threads_now(void) { return th_proc_status("Threads"); }
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -208,10 +217,13 @@ static int idle_threads_child(void) {
   return later - start < 4 * 1024 ? 0 : 1;
 }
 
-static void run_child(const char *flag) {
+/* Runs this binary with flag, the delay at 200 ms and, if given, one more
+ * option (NAME=value). */
+static void run_child_with(const char *flag, char *option) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("HAKMEM_PURGE_DELAY_MS", "200", 1);
+    if (option != NULL) putenv(option);
     execl("/proc/self/exe", "test_introspect", flag, (char *)NULL);
     _exit(99);
   }
@@ -220,10 +232,35 @@ static void run_child(const char *flag) {
   CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %s status %d", flag, status);
 }
 
+static void run_child(const char *flag) { run_child_with(flag, NULL); }
+
 TEST(purge_after_delay_without_further_calls) { run_child("--purge-child"); }
 
-/* The process's threads, or -1. */
-static long threads_now(void) { return th_proc_status("Threads"); }
+/* Without the purger thread, the program's own calls purge what is due:
+ * span blocks of 16,000 B and a large block, 8 MiB of each, freed, then
+ * small blocks allocated and freed for 600 ms, three delays (refills, no
+ * span or large block). Those calls once purged their heap's slabs only,
+ * and the rest stayed committed. */
+static int calls_purge_child(void) {
+  if (threads_now() != 1) return 3;
+  long start = th_vm_rss_kib();
+  void **spans = fill(8 << 20 >> 14, 16000), **large = fill(1, 8 << 20);
+  long full = th_vm_rss_kib();
+  drain(spans, 8 << 20 >> 14);
+  drain(large, 1);
+  for (uint64_t t0 = now_ms(); now_ms() - t0 < 600;) drain(fill(2000, 300), 2000);
+  long later = th_vm_rss_kib();
+  printf("    VmRSS: start %ld, full %ld, 600 ms of small blocks later %ld KiB, threads %ld\n", start,
+         full, later, threads_now());
+  if (full - start < 14 * 1024) return 2;
+  if (threads_now() != 1) return 4;
+  return later - start < 3 * 1024 ? 0 : 1;
+}
+
+TEST(without_the_purger_thread_the_calls_purge_what_is_due) {
+  run_child_with("--calls-purge-child", "HAKMEM_PURGE_THREAD=0");
+  run_child("--calls-purge-child"); /* a program of one thread that maps little: none either */
+}
 
 /* Once a process has had a second thread, glibc locks its stdio and
  * libstdc++ counts shared_ptr references with atomics: a program of one
@@ -480,5 +517,6 @@ TEST(pages_written_ahead_refused_leave_errno_alone) {
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--purge-child") == 0) return purge_child();
   if (argc > 1 && strcmp(argv[1], "--idle-threads-child") == 0) return idle_threads_child();
+  if (argc > 1 && strcmp(argv[1], "--calls-purge-child") == 0) return calls_purge_child();
   return th_main("introspect", argc, argv);
 }
