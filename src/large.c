@@ -522,6 +522,9 @@ static void chunk_fill(size_t k, size_t need) {
 
 bool hak_large_donate(void *dst) {
   bool moved = false;
+  /* Nothing cached (the dirty chunks are part of it): the arena's data, at
+   * the far end of the library's, stays untouched (see segmap.c). */
+  if (atomic_load_explicit(&hak_gstats.large_cached, memory_order_relaxed) == 0) return false;
   pthread_mutex_lock(&hak_large_lock);
   size_t donor = arena ? donor_for(GRAIN, DONATE_MIN) : SIZE_MAX;
   if (donor != SIZE_MAX && hak_os_move(chunk_addr(donor), GRAIN, dst)) {

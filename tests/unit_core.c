@@ -1764,6 +1764,46 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
+/* The same for slab segments: a heap's new segment, past its first, takes
+ * the committed pages of the arena's free chunks (two one-chunk blocks
+ * written and freed), so that its first block is resident before it is
+ * written, and none of its units counts as zero (their slabs' unused
+ * pages are purged on time). */
+TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_opt.segment_cache = 0; /* new segments are fresh ones */
+  hak_release_all();
+  void *first = malloc(1000); /* the heap has a segment */
+  size_t half = HAK_LARGE_GRAIN / 2;
+  uint8_t *a = malloc(half), *b = malloc(half);
+  REQUIRE(first && a && b);
+  memset(a, 0xAB, half);
+  memset(b, 0xAB, half);
+  free(a);
+  free(b);
+  hak_large_kept_release(hak_tls_heap, true);
+  size_t cached = atomic_load(&hak_gstats.large_cached);
+  REQUIRE(cached >= 2 * half);
+  enum { N = 5000 }; /* 1000 B each: more than a segment */
+  static uint8_t *ps[N];
+  size_t segments = atomic_load(&hak_gstats.segments);
+  int n = 0, resident = -1;
+  while (n < N && atomic_load(&hak_gstats.segments) == segments) {
+    REQUIRE((ps[n] = malloc(1000)) != NULL);
+    resident = resident_pages(ps[n], 4096);
+    memset(ps[n++], 1, 1000);
+  }
+  REQUIRE(atomic_load(&hak_gstats.segments) == segments + 1); /* a new segment */
+  hak_segment_t *seg = hak_segment_of(ps[n - 1]);
+  CHECK_MSG(resident == 1, "the new segment's first block was not resident before its write");
+  CHECK_MSG(seg->zero_units == 0, "units counted zero: %#llx", (unsigned long long)seg->zero_units);
+  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached,
+            "the arena still holds %zu of its %zu free committed bytes",
+            atomic_load(&hak_gstats.large_cached), cached);
+  for (int i = 0; i < n; i++) free(ps[i]);
+  free(first);
+}
+
 /* The arena faulting in new pages while the page heap holds more free
  * committed pages than pages of blocks: the excess idle for a quarter of
  * the purge delay goes back to the OS at once, not after the delay. Free
