@@ -417,10 +417,11 @@ bool hak_large_cache_collect(bool force); /* true while some remain */
  * if none was kept since the last call without force. True while some
  * remain. */
 bool hak_large_kept_release(hak_heap_t *heap, bool force);
-/* Moves the committed pages of a free chunk of the arena (the most
- * committed one, with at least 64 KiB) to dst, a chunk's length aligned to
- * one, whose pages they replace; false if none has them. */
-bool hak_large_donate(void *dst);
+/* Moves into each 2 MiB half of segment seg, whose pages they replace, the
+ * committed pages of a free chunk of the arena (the most committed one,
+ * with at least 64 KiB), while some have them; bit i set: half i got
+ * pages. None in builds with guard pages (the header's would go). */
+unsigned hak_large_donate_segment(void *seg);
 extern pthread_mutex_t hak_large_lock;
 
 /* ---- alloc.c / free.c ---- */

@@ -520,17 +520,22 @@ static void chunk_fill(size_t k, size_t need) {
   hak_stats_mapped(GRAIN, false);
 }
 
-bool hak_large_donate(void *dst) {
-  bool moved = false;
+unsigned hak_large_donate_segment(void *seg) {
+  _Static_assert(HAK_SEG_SIZE / GRAIN <= 32, "a bit per half");
+  unsigned moved = 0;
   /* Nothing cached (the dirty chunks are part of it): the arena's data, at
    * the far end of the library's, stays untouched (see segmap.c). */
-  if (atomic_load_explicit(&hak_gstats.large_cached, memory_order_relaxed) == 0) return false;
+  if (HAK_GUARD_PAGES ||
+      atomic_load_explicit(&hak_gstats.large_cached, memory_order_relaxed) == 0)
+    return 0;
   pthread_mutex_lock(&hak_large_lock);
-  size_t donor = arena ? donor_for(GRAIN, DONATE_MIN) : SIZE_MAX;
-  if (donor != SIZE_MAX && hak_os_move(chunk_addr(donor), GRAIN, dst)) {
+  for (size_t i = 0; arena != NULL && i < HAK_SEG_SIZE / GRAIN; i++) {
+    size_t donor = donor_for(GRAIN, DONATE_MIN);
+    if (donor == SIZE_MAX) break;
+    if (!hak_os_move(chunk_addr(donor), GRAIN, (uint8_t *)seg + i * GRAIN)) continue;
     chunk_forget(donor);
     hak_stats_mapped(GRAIN, false);
-    moved = true;
+    moved |= 1u << i;
   }
   pthread_mutex_unlock(&hak_large_lock);
   return moved;

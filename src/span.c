@@ -246,16 +246,11 @@ static hak_segment_t *segment_prepare(uint8_t *state, bool bulk) {
   if (seg == NULL) return NULL;
   *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
   /* not over a guard page (the header's) */
-  if (bulk && *state != RUN_DIRTY && !HAK_GUARD_PAGES) {
-    bool moved = false;
-    for (size_t at = 0; at < HAK_SEG_SIZE; at += HAK_LARGE_GRAIN)
-      moved |= hak_large_donate((uint8_t *)seg + at);
-    if (moved) {
-      /* one run: all of it counts as committed, as a dirty run's pages */
-      if (purged)
-        HAK_STAT_ADD(committed, (size_t)(HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE) << HAK_PAGE_SHIFT);
-      *state = RUN_DIRTY;
-    }
+  if (bulk && *state != RUN_DIRTY && hak_large_donate_segment(seg) != 0) {
+    /* one run: all of it counts as committed, as a dirty run's pages */
+    if (purged)
+      HAK_STAT_ADD(committed, (size_t)(HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE) << HAK_PAGE_SHIFT);
+    *state = RUN_DIRTY;
   }
   memset(seg, 0, offsetof(hak_segment_t, span) + sizeof seg->span); /* not slabs[]' pages */
   seg->kind = HAK_KIND_SPANS;

@@ -1723,16 +1723,9 @@ TEST(free_span_runs_are_purged_after_delay) {
   free(guard);
 }
 
-/* Pages move between the tiers instead of being held twice. Once the page
- * heap has held a segment's worth of blocks, a new span segment takes the
- * committed pages of the arena's free chunks (two one-chunk blocks written
- * and freed), so a block there is resident before it is written, and a
- * calloc from those pages reads zero. A program's first span blocks do not
- * take them (4 MiB of pages for one block). */
-TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
-  hak_opt.purge_delay_ms = 100000;
-  flush_span_caches();
-  hak_release_all(); /* no dirty span run left: the blocks below need new segments */
+/* Writes and frees two one-chunk blocks; returns the arena's free
+ * committed bytes then, at least their two half chunks. */
+static size_t free_two_written_chunks(void) {
   size_t half = HAK_LARGE_GRAIN / 2;
   uint8_t *a = malloc(half), *b = malloc(half);
   REQUIRE(a && b);
@@ -1743,6 +1736,20 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
   hak_large_kept_release(hak_tls_heap, true);
   size_t cached = atomic_load(&hak_gstats.large_cached);
   REQUIRE(cached >= 2 * half);
+  return cached;
+}
+
+/* Pages move between the tiers instead of being held twice. Once the page
+ * heap has held a segment's worth of blocks, a new span segment takes the
+ * committed pages of the arena's free chunks (two one-chunk blocks written
+ * and freed), so a block there is resident before it is written, and a
+ * calloc from those pages reads zero. A program's first span blocks do not
+ * take them (4 MiB of pages for one block). */
+TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all(); /* no dirty span run left: the blocks below need new segments */
+  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks();
   enum { N = 40, BLOCK = 262144 }; /* 10 MiB of the largest span class */
   static uint8_t *ps[N];
   int resident_at = -1;
@@ -1774,16 +1781,8 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
   hak_opt.segment_cache = 0; /* new segments are fresh ones */
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
-  size_t half = HAK_LARGE_GRAIN / 2;
-  uint8_t *a = malloc(half), *b = malloc(half);
-  REQUIRE(first && a && b);
-  memset(a, 0xAB, half);
-  memset(b, 0xAB, half);
-  free(a);
-  free(b);
-  hak_large_kept_release(hak_tls_heap, true);
-  size_t cached = atomic_load(&hak_gstats.large_cached);
-  REQUIRE(cached >= 2 * half);
+  REQUIRE(first != NULL);
+  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks();
   enum { N = 5000 }; /* 1000 B each: more than a segment */
   static uint8_t *ps[N];
   size_t segments = atomic_load(&hak_gstats.segments);
