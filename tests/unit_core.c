@@ -118,6 +118,24 @@ TEST(block_test_accepts_exactly_the_carved_block_starts) {
   munmap(map, len);
 }
 
+/* free's slot of a pointer against the mapping of its chunk, at and
+ * around chunk boundaries from NULL to the top of the address space. */
+TEST(segmap_slot_of_a_pointer_is_its_chunks) {
+  uintptr_t chunks[] = {0, 1, 2, 0x7f0000000000 >> HAK_SEG_SHIFT, (UINTPTR_MAX >> HAK_SEG_SHIFT) - 1,
+                        UINTPTR_MAX >> HAK_SEG_SHIFT};
+  intptr_t offsets[] = {-1, 0, 1, 16, HAK_SEG_SIZE / 2};
+  size_t wrong = 0;
+  for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
+    for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
+      uintptr_t p = (chunks[c] << HAK_SEG_SHIFT) + (uintptr_t)offsets[o];
+      if (hak_segmap_slot((const void *)p) != hak_segmap_slot_of_chunk((p - 1) >> HAK_SEG_SHIFT) &&
+          wrong++ < 5)
+        fprintf(stderr, "    pointer %#lx: slot %zu\n", (unsigned long)p, hak_segmap_slot((const void *)p));
+    }
+  CHECK(wrong == 0);
+  CHECK(hak_segmap_slot(NULL) == hak_segmap_slot_of_chunk(UINTPTR_MAX >> HAK_SEG_SHIFT));
+}
+
 TEST(segment_of_rejects_foreign_pointers) {
   int local;
   static int global;
