@@ -81,19 +81,36 @@ bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_A
  * fault each (here 1.5 us a page against 2.0); nothing where it cannot. */
 void hak_os_populate(void *p, size_t size);
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
-/* Address space only (counted as mapped when used), aligned to align.
- * NULL on failure. */
-void *hak_os_reserve(size_t size, size_t align);
+/* Address space only (counted as mapped when used), aligned to align,
+ * readable and writable or not accessible at all. NULL on failure. */
+void *hak_os_reserve(size_t size, size_t align, bool writable);
 /* Gives back a reservation no part of which was used. */
 void hak_os_unreserve(void *p, size_t size);
-/* MADV_DONTNEED, and the range no longer counts as mapped. */
-void hak_os_decommit(void *p, size_t size);
+/* Whether the kernel charges every writable private page against its
+ * commit limit when it is mapped, touched or not (vm.overcommit_memory
+ * 2): a reservation must then stay inaccessible until it is used. */
+bool hak_os_overcommit_never(void);
+/* Makes [p, p + size) of a reservation readable and writable, charged
+ * against that limit; false (errno ENOMEM) if the limit refuses. */
+bool hak_os_commit(void *p, size_t size);
+/* Maps [p, p + size) again, empty and inaccessible: its pages and its
+ * charge go back (statistics unchanged). False, and nothing changed, if
+ * the kernel refuses (at vm.max_map_count areas, as the range would make
+ * one more). */
+bool hak_os_uncommit(void *p, size_t size);
+/* With inaccessible, hak_os_uncommit, else (or if that fails)
+ * MADV_DONTNEED; either way the range no longer counts as mapped. True if
+ * it is inaccessible now. */
+bool hak_os_decommit(void *p, size_t size, bool inaccessible);
 /* Moves size bytes of pages to target (replacing what is there) and maps
- * the old range again, empty; false (nothing done) on failure. */
-bool hak_os_move(void *old, size_t size, void *target);
-/* The pages of a and b trade places, through scratch (reserved, unused);
- * false (nothing moved) if the first move fails. */
-bool hak_os_swap(void *a, void *b, void *scratch, size_t size);
+ * the old range again, empty (and inaccessible if asked); false (nothing
+ * done) on failure. */
+bool hak_os_move(void *old, size_t size, void *target, bool inaccessible);
+/* The pages of a and b trade places, through scratch (reserved, unused,
+ * mapped again empty as hak_os_move does): 2 if they did, 1 if a took b's
+ * but its own could not go to b (left empty), 0 (nothing moved) if the
+ * first move fails. */
+int hak_os_swap(void *a, void *b, void *scratch, size_t size, bool inaccessible);
 /* Bytes of [p, p + size) resident (mincore), at most 64 pages; size if
  * the kernel cannot tell. */
 size_t hak_os_resident(void *p, size_t size);
@@ -425,6 +442,10 @@ bool hak_large_kept_release(hak_heap_t *heap, bool force);
  * pages. None in builds with guard pages (the header's would go). */
 unsigned hak_large_donate_segment(void *seg);
 extern pthread_mutex_t hak_large_lock;
+/* Whether the arena makes its chunks accessible as blocks take them
+ * (vm.overcommit_memory 2, hak_os_overcommit_never): 1 or 0 once the arena
+ * is reserved, -1 before, which a test may set first. */
+extern int hak_large_strict;
 
 /* ---- alloc.c / free.c ---- */
 HAK_NOINLINE void hak_free_generic(void *p);

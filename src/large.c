@@ -15,7 +15,13 @@
  * idle for the purge delay, or sooner when free committed bytes exceed
  * HAKMEM_LARGE_CACHE_MB (or the live bytes, if more). A block the arena
  * cannot hold (alignment above a chunk, or no room) gets a mapping of its
- * own, unmapped when freed. */
+ * own, unmapped when freed.
+ *
+ * Where the kernel charges every writable page it maps against a limit
+ * (vm.overcommit_memory 2), the reservation is inaccessible: a block's
+ * chunks are made readable and writable as far as it uses them, a purge
+ * makes them inaccessible again, which gives their charge back, and a
+ * chunk moved away is left inaccessible. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -71,6 +77,11 @@ _Static_assert(RUN_EXACT == 32 && RUN_BINS <= 64, "run_bin's classes, one word o
 static uint32_t run_head[RUN_BINS], run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
 static uint64_t run_nonempty[1];
 static const chunk_bins_t run_bins = {run_head, run_next, run_prev, run_nonempty};
+/* Under hak_large_strict, the bytes from each chunk's start that are
+ * readable and writable: a page multiple, 0 for a purged chunk (unless
+ * the kernel refused the purge's new mapping: then it was only emptied). */
+static uint32_t accessible[ARENA_CHUNKS];
+int hak_large_strict = -1;
 static size_t high; /* chunks [0, high) have been used */
 static size_t live_chunks; /* chunks of blocks */
 static size_t dirty_bytes;
@@ -230,7 +241,8 @@ static void no_huge_pages(uint8_t *a) {
 
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
-  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
+  if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
+  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, !hak_large_strict);
   if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
     hak_os_unreserve(a, ARENA_BYTES);
     a = NULL;
@@ -425,7 +437,8 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
       chunk_forget(j);
       j++;
     }
-    hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT);
+    if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT, hak_large_strict))
+      memset(&accessible[i], 0, (j - i) * sizeof accessible[0]);
     i = j;
   }
   return dirty_bytes != 0;
@@ -490,6 +503,36 @@ static size_t donor_for(size_t need, size_t least) {
   return donor != SIZE_MAX && chunk_covers(donor, need) >= least ? donor : SIZE_MAX;
 }
 
+/* Under hak_large_strict, makes chunk k accessible for `need` bytes from
+ * its start; false if the kernel refuses (its commit limit, or its limit
+ * of areas). */
+static bool chunk_commit(size_t k, size_t need) {
+  need = hak_page_up(need);
+  if (need <= accessible[k]) return true;
+  if (!hak_os_commit(chunk_addr(k) + accessible[k], need - accessible[k])) return false;
+  accessible[k] = (uint32_t)need;
+  return true;
+}
+
+/* Chunk to_chunk (SIZE_MAX: none) took chunk from's pages, which a move
+ * left empty. */
+static void accessible_moved(size_t from, size_t to_chunk) {
+  if (!hak_large_strict) return; /* the table stays untouched */
+  if (to_chunk != SIZE_MAX) accessible[to_chunk] = accessible[from];
+  accessible[from] = 0;
+}
+
+/* Moves chunk from's pages to `to` (chunk to_chunk's address, or a
+ * segment's when to_chunk is SIZE_MAX), which needs `need` bytes of them
+ * accessible (made so first; false if the kernel refuses); from is left
+ * empty. */
+static bool chunk_move(size_t from, void *to, size_t to_chunk, size_t need) {
+  if (hak_large_strict && !chunk_commit(from, need)) return false;
+  if (!hak_os_move(chunk_addr(from), GRAIN, to, hak_large_strict)) return false;
+  accessible_moved(from, to_chunk);
+  return true;
+}
+
 /* Chunk k of a block needs `need` bytes from its start: moves there the
  * pages of the free chunk that covers the most of them (the least
  * committed one among those that cover them all). */
@@ -502,8 +545,12 @@ static void chunk_fill(size_t k, size_t need) {
    * were dropped, and faulted in again elsewhere (blocks of 1-4 MiB over
    * 64 slots: 71 of 230 MiB faulted in). */
   size_t mine = dirt[k];
-  if (mine >= DONATE_MIN && high < ARENA_CHUNKS &&
-      hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN)) {
+  if (hak_large_strict && !chunk_commit(donor, need)) return;
+  int swapped = mine >= DONATE_MIN && high < ARENA_CHUNKS
+                    ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN,
+                                  hak_large_strict)
+                    : 0;
+  if (swapped == 2) {
     dirt[k] = dirt[donor];
     chunk_bin_remove(donor);
     dirty_add(dirt[donor], false);
@@ -511,10 +558,16 @@ static void chunk_fill(size_t k, size_t need) {
     dirty_add(mine, true);
     chunk_bin_add(donor);
     head_mark[donor] = 0;
+    if (hak_large_strict) {
+      uint32_t own = accessible[k];
+      accessible[k] = accessible[donor];
+      accessible[donor] = own;
+    }
     return;
   }
   /* else the donor is left all zero */
-  if (!hak_os_move(chunk_addr(donor), GRAIN, chunk_addr(k))) return;
+  if (swapped == 1) accessible_moved(donor, k);
+  else if (!chunk_move(donor, chunk_addr(k), k, need)) return;
   dirt[k] = dirt[donor];
   chunk_forget(donor);
   hak_stats_mapped(GRAIN, false);
@@ -532,13 +585,33 @@ unsigned hak_large_donate_segment(void *seg) {
   for (size_t i = 0; arena != NULL && i < HAK_SEG_SIZE / GRAIN; i++) {
     size_t donor = donor_for(GRAIN, DONATE_MIN);
     if (donor == SIZE_MAX) break;
-    if (!hak_os_move(chunk_addr(donor), GRAIN, (uint8_t *)seg + i * GRAIN)) continue;
+    if (!chunk_move(donor, (uint8_t *)seg + i * GRAIN, SIZE_MAX, GRAIN)) continue;
     chunk_forget(donor);
     hak_stats_mapped(GRAIN, false);
     moved |= 1u << i;
   }
   pthread_mutex_unlock(&hak_large_lock);
   return moved;
+}
+
+/* Under hak_large_strict, makes what a block of map_size bytes at chunk i
+ * uses of its chunks from `from` on accessible (each chunk whole if asked,
+ * as block_fill); false if the kernel refuses (its commit limit, or its
+ * limit of areas), with the free chunks there that are not dirty made
+ * inaccessible again. */
+static bool block_commit(size_t i, size_t map_size, size_t offset, size_t from, bool whole) {
+  if (!hak_large_strict) return true;
+  size_t end = i + chunks_of(map_size);
+  for (size_t k = from; k < end; k++) {
+    if (!chunk_commit(k, whole ? GRAIN : chunk_use(map_size, offset, k - i))) {
+      for (size_t j = from; j < k; j++)
+        if (!bit_get(used_bits, j) && !bit_get(dirty_bits, j) && accessible[j] &&
+            hak_os_uncommit(chunk_addr(j), accessible[j]))
+          accessible[j] = 0;
+      return false;
+    }
+  }
+  return true;
 }
 
 /* Fills the chunks of a block of map_size bytes at chunk i from chunk
@@ -574,7 +647,7 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
   pthread_mutex_lock(&hak_large_lock);
   if (arena_init()) {
     size_t i = arena_find(map_size, offset, NULL);
-    if (i != SIZE_MAX) {
+    if (i != SIZE_MAX && block_commit(i, map_size, offset, i, whole)) {
       chunks_claim(i, n, true);
       bool fresh = block_fill(i, map_size, offset, i, whole);
       faults = grow_fresh_bytes(i, map_size, 0, offset);
@@ -616,6 +689,10 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   size_t fresh_there, j = arena_find(new_map, offset, &fresh_there);
   if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size, offset) <=
                                     fresh_there + seg->map_size / COPY_PER_FAULT)) {
+    if (!block_commit(i, new_map, offset, i + n - 1, again)) {
+      r = NULL;
+      goto out;
+    }
     if (m > n) {
       chunks_claim(i + n, m - n, false);
       block_fill(i, new_map, offset, i + n, again);
@@ -629,18 +706,23 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   if (j == SIZE_MAX) goto out;
   for (size_t k = j; k < j + n; k++)
     if (dirt[k]) goto out; /* moving pages there would drop these: copy */
+  /* the last chunk moved carries as far as it is accessible */
+  if (hak_large_strict &&
+      !(chunk_commit(i + n - 1, again || m > n ? GRAIN : chunk_use(new_map, offset, n - 1)) &&
+        block_commit(j, new_map, offset, j + n, again)))
+    goto out;
   chunks_claim(j, m, true);
   hak_segment_t *dst = (hak_segment_t *)chunk_addr(j);
   /* chunk by chunk: a chunk that got pages from another is a mapping of
    * its own (see chunk_fill) */
   size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
   for (size_t k = 0; k < n; k++) {
-    if (!hak_os_move(chunk_addr(i + k), GRAIN, chunk_addr(j + k))) {
+    if (!chunk_move(i + k, chunk_addr(j + k), j + k, 0)) {
       /* A chunk is more than one mapping that the kernel cannot move
        * together (a page the program sealed, or before Linux 6.17 locked or
        * protected): the chunks moved go back, and the caller copies. */
       while (k-- > 0) {
-        if (!hak_os_move(chunk_addr(j + k), GRAIN, chunk_addr(i + k)))
+        if (!chunk_move(j + k, chunk_addr(i + k), i + k, 0))
           hak_fatal("hakmem: mremap back to %p failed: errno %d", chunk_addr(i + k), errno);
         dirt[i + k] = dirt[j + k];
         dirt[j + k] = 0;

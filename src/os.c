@@ -19,11 +19,11 @@ static _Atomic uintptr_t aligned_below;
  * starts, or NULL: one mmap instead of three, and the kernel merges the
  * two into one area, which fork copies once (7 segments as 7 areas took a
  * fork 12 us more than as one). */
-static void *map_below_last(size_t size, size_t align) {
+static void *map_below_last(size_t size, size_t align, int prot) {
   uintptr_t end = atomic_load_explicit(&aligned_below, memory_order_relaxed);
   if (end < size + align) return NULL;
   uintptr_t want = (end - size) & ~(uintptr_t)(align - 1);
-  void *p = mmap((void *)want, size, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
+  void *p = mmap((void *)want, size, prot, MAP_FLAGS, -1, 0);
   if (p == MAP_FAILED) return NULL;
   if ((uintptr_t)p == want) return p;
   munmap(p, size); /* the hint was taken */
@@ -32,13 +32,13 @@ static void *map_below_last(size_t size, size_t align) {
 
 /* size bytes aligned to align, by mapping align more and trimming both
  * ends; NULL with ENOMEM. */
-static void *map_over(size_t size, size_t align) {
+static void *map_over(size_t size, size_t align, int prot) {
   size_t over = size + (align > HAK_PAGE_SIZE ? align : 0);
   if (over < size) {
     errno = ENOMEM;
     return NULL;
   }
-  uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
+  uint8_t *raw = mmap(NULL, over, prot, MAP_FLAGS, -1, 0);
   if (raw == MAP_FAILED) {
     errno = ENOMEM;
     return NULL;
@@ -74,10 +74,10 @@ static void no_huge_pages_while_small(void *p, size_t size) {
 
 /* An anonymous mapping of size bytes aligned to align (a power of two,
  * at least a page), not counted in the statistics; NULL with ENOMEM. */
-static void *map_raw(size_t size, size_t align) {
-  if (align <= HAK_PAGE_SIZE) return map_over(size, align);
-  void *p = map_below_last(size, align);
-  if (p == NULL) p = map_over(size, align);
+static void *map_raw(size_t size, size_t align, int prot) {
+  if (align <= HAK_PAGE_SIZE) return map_over(size, align, prot);
+  void *p = map_below_last(size, align, prot);
+  if (p == NULL) p = map_over(size, align, prot);
   if (p != NULL) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
   return p;
 }
@@ -85,15 +85,21 @@ static void *map_raw(size_t size, size_t align) {
 void *hak_os_map(size_t size) { return hak_os_map_aligned(size, HAK_PAGE_SIZE); }
 
 void *hak_os_map_aligned(size_t size, size_t align) {
-  void *p = map_raw(size, align);
+  void *p = map_raw(size, align, PROT_READ | PROT_WRITE);
   if (p == NULL) return NULL;
   no_huge_pages_while_small(p, size);
   hak_stats_mapped(size, true);
   return p;
 }
 
-void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align); }
+void *hak_os_reserve(size_t size, size_t align, bool writable) {
+  return map_raw(size, align, writable ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
 void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
+
+bool hak_os_commit(void *p, size_t size) {
+  return mprotect(p, size, PROT_READ | PROT_WRITE) == 0;
+}
 
 void hak_os_unmap(void *p, size_t size) {
   if (size == 0) return;
@@ -101,17 +107,32 @@ void hak_os_unmap(void *p, size_t size) {
   hak_stats_mapped(size, false);
 }
 
-void hak_os_purge(void *p, size_t size) {
-  if (size == 0) return;
-  madvise(p, size, MADV_DONTNEED);
+static void count_returned(size_t size) {
   HAK_STAT_ADD(os_returned, size);
   HAK_STAT_ADD(purges, 1);
   HAK_STAT_SUB(committed, size);
 }
 
-void hak_os_decommit(void *p, size_t size) {
-  hak_os_purge(p, size);
+void hak_os_purge(void *p, size_t size) {
+  if (size == 0) return;
+  madvise(p, size, MADV_DONTNEED);
+  count_returned(size);
+}
+
+bool hak_os_uncommit(void *p, size_t size) {
+  int saved = errno;
+  bool done = mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED, -1, 0) != MAP_FAILED;
+  errno = saved;
+  return done;
+}
+
+bool hak_os_decommit(void *p, size_t size, bool inaccessible) {
+  if (size == 0) return inaccessible;
+  bool done = inaccessible && hak_os_uncommit(p, size);
+  if (!done) madvise(p, size, MADV_DONTNEED);
+  count_returned(size);
   HAK_STAT_SUB(mapped, size);
+  return done;
 }
 
 void hak_os_guard(void *p, size_t size, bool on) {
@@ -140,6 +161,11 @@ static bool proc_read(const char *path, char *buf, size_t size) {
   if (n <= 0) return false;
   buf[n] = 0;
   return true;
+}
+
+bool hak_os_overcommit_never(void) {
+  char buf[8];
+  return proc_read("/proc/sys/vm/overcommit_memory", buf, sizeof buf) && buf[0] == '2';
 }
 
 /* A "Name:   123 kB" field of /proc/self/status, in bytes (0 if absent).
@@ -214,16 +240,16 @@ static bool move_fixed(void *old, size_t size, void *target) {
 }
 
 /* A range a move left behind is mapped again, empty. */
-static void map_again(void *p, size_t size) {
-  if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-           -1, 0) == MAP_FAILED)
+static void map_again(void *p, size_t size, bool inaccessible) {
+  if (mmap(p, size, inaccessible ? PROT_NONE : PROT_READ | PROT_WRITE, MAP_FLAGS | MAP_FIXED, -1,
+           0) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
   no_huge_pages_while_small(p, size);
 }
 
-bool hak_os_move(void *old, size_t size, void *target) {
+bool hak_os_move(void *old, size_t size, void *target, bool inaccessible) {
   if (!move_fixed(old, size, target)) return false;
-  map_again(old, size);
+  map_again(old, size, inaccessible);
   return true;
 }
 
@@ -235,17 +261,21 @@ size_t hak_os_resident(void *p, size_t size) {
   return in << HAK_PAGE_SHIFT;
 }
 
-bool hak_os_swap(void *a, void *b, void *scratch, size_t size) {
-  if (!move_fixed(a, size, scratch)) return false;
+int hak_os_swap(void *a, void *b, void *scratch, size_t size, bool inaccessible) {
+  if (!move_fixed(a, size, scratch)) return 0;
   if (!move_fixed(b, size, a)) {
     if (!move_fixed(scratch, size, a))
       hak_fatal("hakmem: mremap back to %p failed: errno %d", a, errno);
-    map_again(scratch, size);
-    return false;
+    map_again(scratch, size, inaccessible);
+    return 0;
   }
-  if (!move_fixed(scratch, size, b)) map_again(b, size); /* a's pages are dropped */
-  map_again(scratch, size);
-  return true;
+  int traded = 2;
+  if (!move_fixed(scratch, size, b)) { /* a's pages are dropped */
+    map_again(b, size, inaccessible);
+    traded = 1;
+  }
+  map_again(scratch, size, inaccessible);
+  return traded;
 }
 
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {

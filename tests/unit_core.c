@@ -808,6 +808,65 @@ TEST(huge_request_fails_without_emptying_the_caches) {
   CHECK(atomic_load(&hak_gstats.large_cached) == cached);
 }
 
+/* Whether the page at p is readable and writable, from /proc/self/maps. */
+static bool page_accessible(const void *p) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL) return false;
+  char line[512], perms[5] = "";
+  unsigned long lo, hi;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) == 3 && (uintptr_t)p >= lo && (uintptr_t)p < hi)
+      break;
+    else
+      perms[0] = 0;
+  fclose(f);
+  return perms[0] == 'r' && perms[1] == 'w';
+}
+
+/* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
+ * of the arena's 64 GiB would be refused: the arena is inaccessible but for
+ * what blocks use, a purge makes it inaccessible again, and a block that
+ * cannot grow in place is copied (its pages do not move). */
+TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
+  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  hak_large_strict = 1;
+  size_t kib = 1024, mib = 1024 * kib;
+  uint8_t *a = malloc(300 * kib);
+  REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE && hak_large_strict == 1);
+  memset(a, 1, 300 * kib);
+  uint8_t *chunk = (uint8_t *)hak_large_header(a);
+  CHECK(page_accessible(chunk) && page_accessible(a + 300 * kib - 1));
+  CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE));
+  CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN)); /* the next chunk, unused */
+  /* grown in place, within its chunk and then over three */
+  CHECK(realloc(a, mib) == a);
+  memset(a, 2, mib);
+  CHECK(realloc(a, 5 * mib) == a);
+  memset(a + mib, 3, 4 * mib);
+  CHECK(a[0] == 2 && a[mib - 1] == 2 && a[5 * mib - 1] == 3);
+  CHECK(page_accessible(a + 5 * mib - 1));
+  CHECK(!page_accessible(chunk + 3 * HAK_LARGE_GRAIN)); /* a grown block's chunks are whole */
+  /* a block after it holds it in place: the next growth copies */
+  uint8_t *b = malloc(300 * kib);
+  REQUIRE(b != NULL && b > a);
+  uint8_t *c = realloc(a, 12 * mib);
+  REQUIRE(c != NULL);
+  CHECK(c != a && c[0] == 2 && c[5 * mib - 1] == 3);
+  memset(c, 4, 12 * mib);
+  free(c);
+  free(b);
+  hak_collect(true);
+  CHECK(!page_accessible(chunk) && !page_accessible(c));
+  /* the chunks, purged, serve zeroed blocks again */
+  uint8_t *d = calloc(1, 3 * mib);
+  REQUIRE(d != NULL);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < 3 * mib; i += 4096) nonzero += d[i] != 0;
+  CHECK(nonzero == 0);
+  memset(d, 5, 3 * mib);
+  free(d);
+}
+
 /* A slab no list of the heap holds blocks of (detached) takes its owner's
  * frees on its own list and counts them. */
 TEST(local_free_and_used_count) {
