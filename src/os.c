@@ -127,7 +127,7 @@ bool hak_os_uncommit(void *p, size_t size) {
 }
 
 bool hak_os_decommit(void *p, size_t size, bool inaccessible) {
-  if (size == 0) return inaccessible;
+  if (size == 0) return false;
   bool done = inaccessible && hak_os_uncommit(p, size);
   if (!done) madvise(p, size, MADV_DONTNEED);
   count_returned(size);

@@ -839,10 +839,13 @@ TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
   CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE));
   CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN)); /* the next chunk, unused */
   /* grown in place, within its chunk and then over three */
-  CHECK(realloc(a, mib) == a);
-  memset(a, 2, mib);
-  CHECK(realloc(a, 5 * mib) == a);
-  memset(a + mib, 3, 4 * mib);
+  uint8_t *grown = realloc(a, mib);
+  REQUIRE(grown != NULL);
+  CHECK(grown == a);
+  memset(a = grown, 2, mib);
+  REQUIRE((grown = realloc(a, 5 * mib)) != NULL);
+  CHECK(grown == a);
+  memset((a = grown) + mib, 3, 4 * mib);
   CHECK(a[0] == 2 && a[mib - 1] == 2 && a[5 * mib - 1] == 3);
   CHECK(page_accessible(a + 5 * mib - 1));
   CHECK(!page_accessible(chunk + 3 * HAK_LARGE_GRAIN)); /* a grown block's chunks are whole */
