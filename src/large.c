@@ -706,9 +706,10 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   if (j == SIZE_MAX) goto out;
   for (size_t k = j; k < j + n; k++)
     if (dirt[k]) goto out; /* moving pages there would drop these: copy */
-  /* the last chunk moved carries as far as it is accessible */
+  /* The moved chunks stay accessible as far as they were: the last one is
+   * made so for its new bytes first, the chunks after them for theirs. */
   if (hak_large_strict &&
-      !(chunk_commit(i + n - 1, again || m > n ? GRAIN : chunk_use(new_map, offset, n - 1)) &&
+      !(chunk_commit(i + n - 1, again ? GRAIN : chunk_use(new_map, offset, n - 1)) &&
         block_commit(j, new_map, offset, j + n, again)))
     goto out;
   chunks_claim(j, m, true);

@@ -825,8 +825,7 @@ static bool page_accessible(const void *p) {
 
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
- * what blocks use, a purge makes it inaccessible again, and a block that
- * cannot grow in place is copied (its pages do not move). */
+ * what blocks use, and a purge or a move makes chunks inaccessible again. */
 TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
   REQUIRE(hak_large_strict == -1); /* no large block yet */
   hak_large_strict = 1;
@@ -849,12 +848,14 @@ TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
   CHECK(a[0] == 2 && a[mib - 1] == 2 && a[5 * mib - 1] == 3);
   CHECK(page_accessible(a + 5 * mib - 1));
   CHECK(!page_accessible(chunk + 3 * HAK_LARGE_GRAIN)); /* a grown block's chunks are whole */
-  /* a block after it holds it in place: the next growth copies */
+  /* a block after it holds it in place: the next growth moves its pages,
+   * and the chunks they left are inaccessible again */
   uint8_t *b = malloc(300 * kib);
   REQUIRE(b != NULL && b > a);
   uint8_t *c = realloc(a, 12 * mib);
   REQUIRE(c != NULL);
   CHECK(c != a && c[0] == 2 && c[5 * mib - 1] == 3);
+  CHECK(!page_accessible(chunk) && !page_accessible(chunk + 2 * HAK_LARGE_GRAIN));
   memset(c, 4, 12 * mib);
   free(c);
   free(b);
