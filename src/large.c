@@ -243,6 +243,11 @@ static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
   if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
   uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, !hak_large_strict);
+  /* refused read/write where the setting could not be read (no /proc): a
+   * strict limit, or no address space, which the second try tells apart */
+  if (a == NULL && !hak_large_strict &&
+      (a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, false)) != NULL)
+    hak_large_strict = 1;
   if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
     hak_os_unreserve(a, ARENA_BYTES);
     a = NULL;
