@@ -510,8 +510,9 @@ static size_t donor_for(size_t need, size_t least) {
 
 /* Under hak_large_strict, makes chunk k accessible for `need` bytes from
  * its start; false if the kernel refuses (its commit limit, or its limit
- * of areas). */
+ * of areas). Else nothing (the table stays untouched). */
 static bool chunk_commit(size_t k, size_t need) {
+  if (!hak_large_strict) return true;
   need = hak_page_up(need);
   if (need <= accessible[k]) return true;
   if (!hak_os_commit(chunk_addr(k) + accessible[k], need - accessible[k])) return false;
@@ -528,11 +529,8 @@ static void accessible_moved(size_t from, size_t to_chunk) {
 }
 
 /* Moves chunk from's pages to `to` (chunk to_chunk's address, or a
- * segment's when to_chunk is SIZE_MAX), which needs `need` bytes of them
- * accessible (made so first; false if the kernel refuses); from is left
- * empty. */
-static bool chunk_move(size_t from, void *to, size_t to_chunk, size_t need) {
-  if (hak_large_strict && !chunk_commit(from, need)) return false;
+ * segment's when to_chunk is SIZE_MAX); from is left empty. */
+static bool chunk_move(size_t from, void *to, size_t to_chunk) {
   if (!hak_os_move(chunk_addr(from), GRAIN, to, hak_large_strict)) return false;
   accessible_moved(from, to_chunk);
   return true;
@@ -550,7 +548,7 @@ static void chunk_fill(size_t k, size_t need) {
    * were dropped, and faulted in again elsewhere (blocks of 1-4 MiB over
    * 64 slots: 71 of 230 MiB faulted in). */
   size_t mine = dirt[k];
-  if (hak_large_strict && !chunk_commit(donor, need)) return;
+  if (!chunk_commit(donor, need)) return; /* k takes its pages as far as they are accessible */
   int swapped = mine >= DONATE_MIN && high < ARENA_CHUNKS
                     ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN,
                                   hak_large_strict)
@@ -572,7 +570,7 @@ static void chunk_fill(size_t k, size_t need) {
   }
   /* else the donor is left all zero */
   if (swapped == 1) accessible_moved(donor, k);
-  else if (!chunk_move(donor, chunk_addr(k), k, need)) return;
+  else if (!chunk_move(donor, chunk_addr(k), k)) return;
   dirt[k] = dirt[donor];
   chunk_forget(donor);
   hak_stats_mapped(GRAIN, false);
@@ -590,7 +588,8 @@ unsigned hak_large_donate_segment(void *seg) {
   for (size_t i = 0; arena != NULL && i < HAK_SEG_SIZE / GRAIN; i++) {
     size_t donor = donor_for(GRAIN, DONATE_MIN);
     if (donor == SIZE_MAX) break;
-    if (!chunk_move(donor, (uint8_t *)seg + i * GRAIN, SIZE_MAX, GRAIN)) continue;
+    if (!chunk_commit(donor, GRAIN) || !chunk_move(donor, (uint8_t *)seg + i * GRAIN, SIZE_MAX))
+      continue;
     chunk_forget(donor);
     hak_stats_mapped(GRAIN, false);
     moved |= 1u << i;
@@ -713,9 +712,8 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     if (dirt[k]) goto out; /* moving pages there would drop these: copy */
   /* The moved chunks stay accessible as far as they were: the last one is
    * made so for its new bytes first, the chunks after them for theirs. */
-  if (hak_large_strict &&
-      !(chunk_commit(i + n - 1, again ? GRAIN : chunk_use(new_map, offset, n - 1)) &&
-        block_commit(j, new_map, offset, j + n, again)))
+  if (!chunk_commit(i + n - 1, again ? GRAIN : chunk_use(new_map, offset, n - 1)) ||
+      !block_commit(j, new_map, offset, j + n, again))
     goto out;
   chunks_claim(j, m, true);
   hak_segment_t *dst = (hak_segment_t *)chunk_addr(j);
@@ -723,12 +721,12 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
    * its own (see chunk_fill) */
   size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
   for (size_t k = 0; k < n; k++) {
-    if (!chunk_move(i + k, chunk_addr(j + k), j + k, 0)) {
+    if (!chunk_move(i + k, chunk_addr(j + k), j + k)) {
       /* A chunk is more than one mapping that the kernel cannot move
        * together (a page the program sealed, or before Linux 6.17 locked or
        * protected): the chunks moved go back, and the caller copies. */
       while (k-- > 0) {
-        if (!chunk_move(j + k, chunk_addr(i + k), i + k, 0))
+        if (!chunk_move(j + k, chunk_addr(i + k), i + k))
           hak_fatal("hakmem: mremap back to %p failed: errno %d", chunk_addr(i + k), errno);
         dirt[i + k] = dirt[j + k];
         dirt[j + k] = 0;

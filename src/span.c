@@ -245,7 +245,6 @@ static hak_segment_t *segment_prepare(uint8_t *state, bool bulk) {
   hak_segment_t *seg = hak_segment_take_empty(&zero, &purged);
   if (seg == NULL) return NULL;
   *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
-  /* not over a guard page (the header's) */
   if (bulk && *state != RUN_DIRTY && hak_large_donate_segment(seg) != 0) {
     /* one run: all of it counts as committed, as a dirty run's pages */
     if (purged)
