@@ -39,6 +39,7 @@ bool hak_single_threaded(void) {
 static HAK_FORK_HELD bool fork_locked;
 
 static void fork_prepare(void) {
+  hak_segmap_trim(true); /* or the child is charged the map as well */
   fork_locked = !hak_single_threaded();
   if (!fork_locked) return;
   hak_purge_fork_prepare();
@@ -46,9 +47,11 @@ static void fork_prepare(void) {
   hak_span_fork_prepare();
   pthread_mutex_lock(&hak_segment_lock);
   pthread_mutex_lock(&hak_large_lock);
+  pthread_mutex_lock(&hak_segmap_lock);
 }
 static void fork_parent(void) {
   if (!fork_locked) return;
+  pthread_mutex_unlock(&hak_segmap_lock);
   pthread_mutex_unlock(&hak_large_lock);
   pthread_mutex_unlock(&hak_segment_lock);
   hak_span_fork_parent();
@@ -57,6 +60,7 @@ static void fork_parent(void) {
 }
 static void fork_child(void) {
   if (!fork_locked) return;
+  pthread_mutex_init(&hak_segmap_lock, NULL);
   pthread_mutex_init(&hak_large_lock, NULL);
   pthread_mutex_init(&hak_segment_lock, NULL);
   hak_span_fork_child();

@@ -158,10 +158,14 @@ HAK_INLINE uint8_t hak_segmap_of(const void *p) { return *(const uint8_t *)&hak_
 /* Whether (p - 1)'s chunk is a segment of ours. */
 HAK_INLINE bool hak_segmap_has(const void *p) { return hak_segmap_of(p) != HAK_SEGMAP_NONE; }
 
-/* Whether a segment may start at p: the last chunk stands for NULL. */
-HAK_INLINE bool hak_segmap_usable(const void *p) {
-  return ((uintptr_t)p >> HAK_SEG_SHIFT) != HAK_SEGMAP_SIZE - 1;
-}
+/* Whether segments may start in [start, start + size) (none in the last
+ * chunk, which stands for NULL), the map's bytes for them made writable
+ * (segmap.c says why they may not be); false with ENOMEM if not. */
+bool hak_segmap_open(const void *start, size_t size);
+/* Once: the map's bytes that no segment needs made read-only, now or if
+ * the first segment is a second old (segmap.c says why). */
+void hak_segmap_trim(bool now);
+extern pthread_mutex_t hak_segmap_lock; /* taken last */
 
 /* The header of the arena block that (p - 1) is in the first chunk of,
  * or NULL; (p - 1) is in the arena: its segment-map byte is

@@ -248,7 +248,7 @@ static bool arena_init(void) {
   if (a == NULL && !hak_large_strict &&
       (a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, false)) != NULL)
     hak_large_strict = 1;
-  if (a != NULL && !hak_segmap_usable(a + ARENA_BYTES - HAK_SEG_SIZE)) {
+  if (a != NULL && !hak_segmap_open(a, ARENA_BYTES)) {
     hak_os_unreserve(a, ARENA_BYTES);
     a = NULL;
   }
@@ -771,7 +771,7 @@ static hak_segment_t *large_map(size_t map_size, size_t align, size_t offset) {
     hak_os_unmap(raw, (size_t)(seg - raw));
     hak_os_unmap(seg + map_size, (size_t)(raw + total - (seg + map_size)));
   }
-  if (!hak_segmap_usable(seg)) {
+  if (!hak_segmap_open(seg, HAK_SEG_SIZE)) {
     hak_os_unmap(seg, map_size);
     return NULL;
   }
@@ -973,7 +973,7 @@ static hak_segment_t *large_resize(hak_segment_t *seg, size_t new_map) {
   if (raw == NULL) return NULL;
   uint8_t *dst = (uint8_t *)(((uintptr_t)raw + HAK_SEG_MASK) & ~(uintptr_t)HAK_SEG_MASK);
   hak_segment_t *moved = NULL;
-  if (hak_segmap_usable(dst)) {
+  if (hak_segmap_open(dst, HAK_SEG_SIZE)) {
     hak_segmap_set(seg, HAK_SEGMAP_NONE);
     moved = hak_os_remap(seg, old_map, new_map, dst);
     if (moved == NULL) hak_segmap_set(seg, HAK_SEGMAP_SLABS);

@@ -85,6 +85,7 @@ bool hak_purge_growing(uint64_t now, bool took) {
 
 /* Under pass_lock: purges what is due; true while something waits. */
 static bool pass_locked(void) {
+  hak_segmap_trim(false);
   drain();
   bool pending = hak_heaps_purge_due(hak_clock_ms());
   pending |= hak_segment_purge_abandoned(false);

@@ -3,9 +3,66 @@
  * small data and the span pool's table, and the large arena's tables
  * (1 MiB, written only by programs with large blocks) come after it, so a
  * program's writes to the library's data stay within 2 MiB. */
+#define _GNU_SOURCE
 #include "internal.h"
 
-_Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
+#include <sys/mman.h>
+
+_Alignas(HAK_PAGE_SIZE) _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
+
+/* As bss, the map's 32 MiB are charged to the commit of every process
+ * that loads the library, which vm.overcommit_memory 2 limits, and again
+ * to each child of a fork. hak_segmap_trim maps again, read-only (not
+ * charged), what lies past the bytes of the segments opened so far; later
+ * segments make writable what they need of it. It waits for a fork, or for
+ * a purge pass a second after the first segment: in a new process that
+ * mmap took 10 us, which made a spawn of /bin/echo 1.03x as long. */
+#define TRIM_AFTER_MS 1000
+/* In .data, with the library's other small variables: as bss they would
+ * follow the map, and a page written 32 MiB further cost each fork a page
+ * table (a fork loop 1.024x as long). */
+#define NEAR_DATA __attribute__((section(".data")))
+static NEAR_DATA uint64_t first_open_ms; /* 0 before the first segment */
+static NEAR_DATA size_t needed;          /* the map's first bytes that segments need */
+static NEAR_DATA bool trimmed;           /* past writable, the map is read-only */
+static NEAR_DATA size_t writable;        /* the map's first bytes writable once trimmed */
+static NEAR_DATA _Atomic bool trim_tried;
+HAK_FORK_HELD pthread_mutex_t hak_segmap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool hak_segmap_open(const void *start, size_t size) {
+  uintptr_t first = (uintptr_t)start >> HAK_SEG_SHIFT;
+  uintptr_t last = ((uintptr_t)start + size - 1) >> HAK_SEG_SHIFT;
+  if (last >= HAK_SEGMAP_SIZE - 1) { /* the last chunk stands for NULL */
+    errno = ENOMEM;
+    return false;
+  }
+  size_t need = hak_page_up(hak_segmap_slot_of_chunk(first) + 1);
+  bool done = true;
+  pthread_mutex_lock(&hak_segmap_lock);
+  if (trimmed && need > writable) {
+    done = mprotect((uint8_t *)hak_segmap + writable, need - writable, PROT_READ | PROT_WRITE) == 0;
+    if (done) writable = need;
+  }
+  if (done && need > needed) needed = need;
+  if (first_open_ms == 0) first_open_ms = hak_clock_ms();
+  pthread_mutex_unlock(&hak_segmap_lock);
+  if (!done) errno = ENOMEM;
+  return done;
+}
+
+void hak_segmap_trim(bool now) {
+  if (atomic_load_explicit(&trim_tried, memory_order_relaxed)) return;
+  pthread_mutex_lock(&hak_segmap_lock);
+  if (!atomic_load_explicit(&trim_tried, memory_order_relaxed) &&
+      (now || (first_open_ms != 0 && hak_clock_ms() >= first_open_ms + TRIM_AFTER_MS))) {
+    atomic_store_explicit(&trim_tried, true, memory_order_relaxed);
+    /* past needed, no byte was ever written: readers see zeros as before */
+    trimmed = mmap((uint8_t *)hak_segmap + needed, HAK_SEGMAP_SIZE - needed, PROT_READ,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
+    writable = needed;
+  }
+  pthread_mutex_unlock(&hak_segmap_lock);
+}
 
 void hak_segmap_set(hak_segment_t *seg, uint8_t value) {
   uintptr_t chunk = (uintptr_t)seg >> HAK_SEG_SHIFT;

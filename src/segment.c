@@ -357,9 +357,8 @@ static void segment_init(hak_segment_t *seg, bool fresh) {
 static hak_segment_t *segment_new(void) {
   hak_segment_t *seg = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
   if (seg == NULL) return NULL;
-  if (!hak_segmap_usable(seg)) {
+  if (!hak_segmap_open(seg, HAK_SEG_SIZE)) {
     hak_os_unmap(seg, HAK_SEG_SIZE);
-    errno = ENOMEM;
     return NULL;
   }
   HAK_STAT_ADD(segments, 1);

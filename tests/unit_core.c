@@ -823,6 +823,44 @@ static bool page_accessible(const void *p) {
   return perms[0] == 'r' && perms[1] == 'w';
 }
 
+/* A fork makes read-only the segment map's bytes that no segment needs:
+ * as bss, its 32 MiB were charged to the commit of the process and of each
+ * child. A segment further down the address space makes its bytes
+ * writable again, and one the limits refuse fails the open. */
+TEST(segment_map_is_read_only_from_a_fork_but_where_segments_need_it) {
+  uint8_t *p = malloc(64);
+  REQUIRE(p != NULL && hak_segmap_has(p));
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) _exit(page_accessible(&hak_segmap[hak_segmap_slot(p)]) ? 0 : 1);
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(page_accessible(&hak_segmap[hak_segmap_slot(p)]));
+  CHECK(!page_accessible(&hak_segmap[HAK_SEGMAP_SIZE - 1]));
+  CHECK(hak_segment_of((void *)((uintptr_t)1 << 30)) == NULL); /* its byte reads 0 */
+  uintptr_t far = (uintptr_t)1 << 40, farther = (uintptr_t)1 << 36;
+  REQUIRE(!page_accessible(&hak_segmap[hak_segmap_slot_of_chunk(far >> HAK_SEG_SHIFT)]));
+  pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) { /* a data limit already exceeded refuses the page */
+    struct rlimit lim = {HAK_PAGE_SIZE, HAK_PAGE_SIZE};
+    bool refused = setrlimit(RLIMIT_DATA, &lim) == 0 && !hak_segmap_open((void *)far, HAK_SEG_SIZE) &&
+                   errno == ENOMEM;
+    _exit(refused && !page_accessible(&hak_segmap[hak_segmap_slot_of_chunk(far >> HAK_SEG_SHIFT)]) ? 0 : 1);
+  }
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(hak_segmap_open((void *)far, HAK_SEG_SIZE));
+  CHECK(page_accessible(&hak_segmap[hak_segmap_slot_of_chunk(far >> HAK_SEG_SHIFT)]));
+  CHECK(!page_accessible(&hak_segmap[hak_segmap_slot_of_chunk(farther >> HAK_SEG_SHIFT)]));
+  CHECK(page_accessible(&hak_segmap[hak_segmap_slot(p)]));
+  errno = 0;
+  CHECK(!hak_segmap_open((void *)((HAK_SEGMAP_SIZE - 1) << HAK_SEG_SHIFT), HAK_SEG_SIZE) &&
+        errno == ENOMEM); /* the chunk that stands for NULL */
+  free(p);
+}
+
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
  * what blocks use, and a purge or a move makes chunks inaccessible again. */
