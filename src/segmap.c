@@ -51,8 +51,10 @@ bool hak_segmap_open(const void *start, size_t size) {
 }
 
 void hak_segmap_trim(bool now) {
-  if (atomic_load_explicit(&trim_tried, memory_order_relaxed)) return;
-  pthread_mutex_lock(&hak_segmap_lock);
+  /* a fork from a signal handler may interrupt an open: try next time */
+  if (atomic_load_explicit(&trim_tried, memory_order_relaxed) ||
+      pthread_mutex_trylock(&hak_segmap_lock) != 0)
+    return;
   if (!atomic_load_explicit(&trim_tried, memory_order_relaxed) &&
       (now || (first_open_ms != 0 && hak_clock_ms() >= first_open_ms + TRIM_AFTER_MS))) {
     atomic_store_explicit(&trim_tried, true, memory_order_relaxed);
