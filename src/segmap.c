@@ -22,10 +22,9 @@ _Alignas(HAK_PAGE_SIZE) _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
  * follow the map, and a page written 32 MiB further cost each fork a page
  * table (a fork loop 1.024x as long). */
 #define NEAR_DATA __attribute__((section(".data")))
-static NEAR_DATA uint64_t first_open_ms; /* 0 before the first segment */
-static NEAR_DATA size_t needed;          /* the map's first bytes that segments need */
-static NEAR_DATA bool trimmed;           /* past writable, the map is read-only */
-static NEAR_DATA size_t writable;        /* the map's first bytes writable once trimmed */
+static NEAR_DATA uint64_t first_open_ms;            /* 0 before the first segment */
+static NEAR_DATA size_t needed;                     /* the map's first bytes segments need */
+static NEAR_DATA size_t writable = HAK_SEGMAP_SIZE; /* the map's first bytes writable */
 static NEAR_DATA _Atomic bool trim_tried;
 HAK_FORK_HELD pthread_mutex_t hak_segmap_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -36,10 +35,11 @@ bool hak_segmap_open(const void *start, size_t size) {
     errno = ENOMEM;
     return false;
   }
+  /* the lowest chunk has the range's furthest byte */
   size_t need = hak_page_up(hak_segmap_slot_of_chunk(first) + 1);
   bool done = true;
   pthread_mutex_lock(&hak_segmap_lock);
-  if (trimmed && need > writable) {
+  if (need > writable) {
     done = mprotect((uint8_t *)hak_segmap + writable, need - writable, PROT_READ | PROT_WRITE) == 0;
     if (done) writable = need;
   }
@@ -59,9 +59,9 @@ void hak_segmap_trim(bool now) {
       (now || (first_open_ms != 0 && hak_clock_ms() >= first_open_ms + TRIM_AFTER_MS))) {
     atomic_store_explicit(&trim_tried, true, memory_order_relaxed);
     /* past needed, no byte was ever written: readers see zeros as before */
-    trimmed = mmap((uint8_t *)hak_segmap + needed, HAK_SEGMAP_SIZE - needed, PROT_READ,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
-    writable = needed;
+    if (mmap((uint8_t *)hak_segmap + needed, HAK_SEGMAP_SIZE - needed, PROT_READ,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)
+      writable = needed;
   }
   pthread_mutex_unlock(&hak_segmap_lock);
 }
