@@ -249,8 +249,9 @@ static bool arena_init(void) {
       (a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, false)) != NULL)
     hak_large_strict = 1;
   if (a != NULL && !hak_segmap_open(a, ARENA_BYTES)) {
+    /* the map's pages refused (a commit or data limit): a later call tries again */
     hak_os_unreserve(a, ARENA_BYTES);
-    a = NULL;
+    return false;
   }
   if (a != NULL) no_huge_pages(a);
   arena_failed = a == NULL;
