@@ -861,6 +861,29 @@ TEST(segment_map_is_read_only_from_a_fork_but_where_segments_need_it) {
   free(p);
 }
 
+/* A data limit that refuses the segment map's pages for the large arena
+ * fails the malloc with ENOMEM, but leaves the arena to be tried again:
+ * with the limit raised, the next large block is the arena's. */
+TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
+  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  free(malloc(64));
+  struct rlimit old, lim;
+  REQUIRE(getrlimit(RLIMIT_DATA, &old) == 0);
+  lim = (struct rlimit){HAK_PAGE_SIZE, old.rlim_max}; /* exceeded already: no page more */
+  REQUIRE(setrlimit(RLIMIT_DATA, &lim) == 0);
+  errno = 0;
+  void *p = malloc(300 << 10);
+  int refused = errno;
+  REQUIRE(setrlimit(RLIMIT_DATA, &old) == 0);
+  CHECK(p == NULL && refused == ENOMEM);
+  uint8_t *q = malloc(300 << 10);
+  REQUIRE(q != NULL);
+  CHECK(hak_segmap_of(q) == HAK_SEGMAP_LARGE);
+  memset(q, 1, 300 << 10);
+  free(q);
+  free(p);
+}
+
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
  * what blocks use, and a purge or a move makes chunks inaccessible again. */
