@@ -25,6 +25,10 @@
  * page written across a fork is a copy-on-write fault in the parent and
  * another in the child. */
 #define HAK_FORK_HELD __attribute__((section(".data")))
+/* A small variable of segmap.c or large.c, whose bss follows the 32 MiB
+ * segment map: there, its page written would cost every fork a page table
+ * of its own (a fork loop 1.024x as long). */
+#define HAK_NEAR_DATA __attribute__((section(".data")))
 
 #ifndef HAK_DEBUG
 #define HAK_DEBUG 0
@@ -98,6 +102,9 @@ bool hak_os_commit(void *p, size_t size);
  * the kernel refuses (at vm.max_map_count areas, as the range would make
  * one more). */
 bool hak_os_uncommit(void *p, size_t size);
+/* Maps [p, p + size) again, zero and read-only, which is not charged;
+ * false if the kernel refuses. */
+bool hak_os_read_only(void *p, size_t size);
 /* With inaccessible, hak_os_uncommit, else (or if that fails)
  * MADV_DONTNEED; either way the range no longer counts as mapped. True if
  * it is inaccessible now. */
@@ -165,6 +172,8 @@ bool hak_segmap_open(const void *start, size_t size);
 /* Once: the map's bytes that no segment needs made read-only, now or if
  * the first segment is a second old (segmap.c says why). */
 void hak_segmap_trim(bool now);
+/* The large arena's tables read-only while there is no arena (large.c). */
+void hak_large_trim_tables(void);
 extern pthread_mutex_t hak_segmap_lock; /* taken last */
 
 /* The header of the arena block that (p - 1) is in the first chunk of,

@@ -35,24 +35,40 @@ HAK_FORK_HELD pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 #define ARENA_CHUNKS (ARENA_BYTES >> GRAIN_SHIFT)
 #define ARENA_MAX_BLOCK (ARENA_BYTES / 4)
 
-static uint8_t *arena; /* NULL until the first large block */
-static bool arena_failed;
-/* A chunk is a block's (used), or free with its memory committed (dirty:
- * freed_ms says since when), or free and zero (neither: never used, or
- * purged). One bit a chunk, so that the walks below skip 64 chunks of
- * blocks, or of anything but dirty chunks, in a word. All of the arena's
- * state is under hak_large_lock. */
-static uint64_t used_bits[ARENA_CHUNKS / 64], dirty_bits[ARENA_CHUNKS / 64];
-static uint64_t freed_ms[ARENA_CHUNKS];
-/* Bytes of a chunk that may be committed: the most any block has used of
- * it since its last purge. */
-static uint32_t dirt[ARENA_CHUNKS];
-/* Chunk i holds a block's header: set by malloc, cleared when the chunk
- * is reused for another block's body or purged, so that freeing a block
- * again is reported as a double free, and a pointer into a body chunk as
- * an invalid one. A byte, not a bit: free reads it without the lock, and
- * no other chunk's update may rewrite it. */
-static uint8_t head_mark[ARENA_CHUNKS];
+static HAK_NEAR_DATA uint8_t *arena; /* NULL until the first large block */
+static HAK_NEAR_DATA bool arena_failed;
+/* The arena's tables by chunk, 1 MiB in one object. While the program
+ * has no arena, the segment map's trim (segmap.c) maps its whole pages
+ * read-only, which the kernel does not charge to the commit, and the
+ * arena's reservation makes them writable again. All of the arena's state
+ * is under hak_large_lock. */
+static _Alignas(HAK_PAGE_SIZE) struct {
+  /* A chunk is a block's (used), or free with its memory committed (dirty:
+   * freed_ms says since when), or free and zero (neither: never used, or
+   * purged). One bit a chunk, so that the walks below skip 64 chunks of
+   * blocks, or of anything but dirty chunks, in a word. */
+  uint64_t used_bits[ARENA_CHUNKS / 64], dirty_bits[ARENA_CHUNKS / 64];
+  uint64_t freed_ms[ARENA_CHUNKS];
+  /* Bytes of a chunk that may be committed: the most any block has used
+   * of it since its last purge. */
+  uint32_t dirt[ARENA_CHUNKS];
+  /* Chunk i holds a block's header: set by malloc, cleared when the chunk
+   * is reused for another block's body or purged, so that freeing a block
+   * again is reported as a double free, and a pointer into a body chunk as
+   * an invalid one. A byte, not a bit: free reads it without the lock, and
+   * no other chunk's update may rewrite it. */
+  uint8_t head_mark[ARENA_CHUNKS];
+  /* The links of dirt_bins and run_bins, below. */
+  uint32_t dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
+  uint32_t run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
+  /* Under hak_large_strict, the bytes from each chunk's start that are
+   * readable and writable: a page multiple, 0 for a purged chunk (unless
+   * the kernel refused the purge's new mapping: then it was only emptied). */
+  uint32_t accessible[ARENA_CHUNKS];
+} tab;
+/* In .data: a variable after the segment map in the bss would cost every
+ * fork a page table (segmap.c). */
+static HAK_NEAR_DATA bool tab_read_only;
 /* Lists of chunks in bins, the chunk added last first, and a bit a
  * non-empty bin, so that a search reads no chunk it cannot use. Links are
  * chunk index + 1 (0 ends a list). */
@@ -64,9 +80,9 @@ typedef struct {
  * block's chunk that takes another's pages, finds the chunk that covers it
  * best. */
 #define DIRT_BINS (GRAIN / HAK_PAGE_SIZE + 1)
-static uint32_t dirt_head[DIRT_BINS], dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
-static uint64_t dirt_nonempty[(DIRT_BINS + 63) / 64];
-static const chunk_bins_t dirt_bins = {dirt_head, dirt_next, dirt_prev, dirt_nonempty};
+static HAK_NEAR_DATA uint32_t dirt_head[DIRT_BINS];
+static HAK_NEAR_DATA uint64_t dirt_nonempty[(DIRT_BINS + 63) / 64];
+static const chunk_bins_t dirt_bins = {dirt_head, tab.dirt_next, tab.dirt_prev, dirt_nonempty};
 /* The free runs below high (maximal ranges of free chunks; not the one
  * that reaches high) by length, at their first chunk: exact up to
  * RUN_EXACT chunks, then by power of two. A block of more chunks looks at
@@ -74,17 +90,13 @@ static const chunk_bins_t dirt_bins = {dirt_head, dirt_next, dirt_prev, dirt_non
 #define RUN_EXACT 32
 #define RUN_BINS (RUN_EXACT - 5 + ARENA_SHIFT - GRAIN_SHIFT + 1)
 _Static_assert(RUN_EXACT == 32 && RUN_BINS <= 64, "run_bin's classes, one word of bits");
-static uint32_t run_head[RUN_BINS], run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
-static uint64_t run_nonempty[1];
-static const chunk_bins_t run_bins = {run_head, run_next, run_prev, run_nonempty};
-/* Under hak_large_strict, the bytes from each chunk's start that are
- * readable and writable: a page multiple, 0 for a purged chunk (unless
- * the kernel refused the purge's new mapping: then it was only emptied). */
-static uint32_t accessible[ARENA_CHUNKS];
+static HAK_NEAR_DATA uint32_t run_head[RUN_BINS];
+static HAK_NEAR_DATA uint64_t run_nonempty[1];
+static const chunk_bins_t run_bins = {run_head, tab.run_next, tab.run_prev, run_nonempty};
 int hak_large_strict = -1;
-static size_t high; /* chunks [0, high) have been used */
-static size_t live_chunks; /* chunks of blocks */
-static size_t dirty_bytes;
+static HAK_NEAR_DATA size_t high; /* chunks [0, high) have been used */
+static HAK_NEAR_DATA size_t live_chunks; /* chunks of blocks */
+static HAK_NEAR_DATA size_t dirty_bytes;
 
 static bool bit_get(const uint64_t *bits, size_t k) { return bits[k >> 6] >> (k & 63) & 1; }
 static void bit_set(uint64_t *bits, size_t k, bool on) {
@@ -107,10 +119,10 @@ static size_t bit_next(const uint64_t *bits, size_t i, bool on) {
 /* The first chunk of the free run that holds free chunk k. */
 static size_t run_start(size_t k) {
   size_t w = k >> 6;
-  uint64_t m = used_bits[w] & (((uint64_t)1 << (k & 63)) - 1);
+  uint64_t m = tab.used_bits[w] & (((uint64_t)1 << (k & 63)) - 1);
   while (!m) {
     if (w == 0) return 0;
-    m = used_bits[--w];
+    m = tab.used_bits[--w];
   }
   return w * 64 + 64 - (size_t)__builtin_clzll(m);
 }
@@ -131,9 +143,9 @@ static void bins_unlink(const chunk_bins_t *t, size_t b, size_t k) {
   if (!t->head[b]) t->nonempty[b >> 6] &= ~((uint64_t)1 << (b & 63));
 }
 
-static void chunk_bin_add(size_t k) { bins_push(&dirt_bins, dirt[k] >> HAK_PAGE_SHIFT, k); }
+static void chunk_bin_add(size_t k) { bins_push(&dirt_bins, tab.dirt[k] >> HAK_PAGE_SHIFT, k); }
 /* Called before chunk k's dirt changes. */
-static void chunk_bin_remove(size_t k) { bins_unlink(&dirt_bins, dirt[k] >> HAK_PAGE_SHIFT, k); }
+static void chunk_bin_remove(size_t k) { bins_unlink(&dirt_bins, tab.dirt[k] >> HAK_PAGE_SHIFT, k); }
 
 static size_t run_bin(size_t len) {
   return len < RUN_EXACT ? len : RUN_EXACT - 5 + 63 - (size_t)__builtin_clzll(len);
@@ -141,12 +153,12 @@ static size_t run_bin(size_t len) {
 /* Free run [i, end) is new, or is no more (taken, split or joined). */
 static void run_add(size_t i, size_t end) {
   if (end >= high) return;
-  HAK_ASSERT(run_start(i) == i && bit_next(used_bits, i, true) == end);
+  HAK_ASSERT(run_start(i) == i && bit_next(tab.used_bits, i, true) == end);
   bins_push(&run_bins, run_bin(end - i), i);
 }
 static void run_remove(size_t i, size_t end) {
   if (end >= high) return;
-  HAK_ASSERT(run_start(i) == i && bit_next(used_bits, i, true) == end);
+  HAK_ASSERT(run_start(i) == i && bit_next(tab.used_bits, i, true) == end);
   bins_unlink(&run_bins, run_bin(end - i), i);
 }
 /* The dirty chunk that covers the most of `need` bytes (at most a chunk)
@@ -185,7 +197,7 @@ static size_t block_use(size_t bytes, size_t offset) {
   return offset >= GRAIN ? bytes - GRAIN + HAK_PAGE_SIZE : bytes;
 }
 /* Bytes of the first `need` of chunk k that may be committed. */
-static size_t chunk_covers(size_t k, size_t need) { return dirt[k] < need ? dirt[k] : need; }
+static size_t chunk_covers(size_t k, size_t need) { return tab.dirt[k] < need ? tab.dirt[k] : need; }
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
          (const uint8_t *)p < arena + ARENA_BYTES;
@@ -216,31 +228,29 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
   s->fresh = fresh; /* slabs[0].owner stays 0: frees go slow */
 }
 
-/* The chunk tables above lie in the library's bss, where the kernel may
- * back their first writes with a huge page: 2 MiB of RSS for a program's
- * first large block. The arena's first HAK_HUGE_PAGES_AFTER bytes refuse
- * them too if the program is small when it reserves the arena (internal.h). */
+/* The chunk tables lie in the library's bss, where the kernel may back
+ * their first writes with a huge page: 2 MiB of RSS for a program's first
+ * large block. The arena's first HAK_HUGE_PAGES_AFTER bytes refuse them
+ * too if the program is small when it reserves the arena (internal.h). */
 static void no_huge_pages(uint8_t *a) {
   if (hak_os_program_is_small()) hak_os_no_huge_pages(a, HAK_HUGE_PAGES_AFTER);
-  const struct {
-    const void *at;
-    size_t size;
-  } tables[] = {{used_bits, sizeof used_bits}, {dirty_bits, sizeof dirty_bits},
-                {freed_ms, sizeof freed_ms},   {dirt, sizeof dirt},
-                {head_mark, sizeof head_mark}, {dirt_next, sizeof dirt_next},
-                {dirt_prev, sizeof dirt_prev}, {run_next, sizeof run_next},
-                {run_prev, sizeof run_prev}};
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
-    uintptr_t at = (uintptr_t)tables[i].at;
-    if (at < lo) lo = at;
-    if (at + tables[i].size > hi) hi = at + tables[i].size;
-  }
-  hak_os_no_huge_pages((void *)lo, hi - lo);
+  hak_os_no_huge_pages(&tab, sizeof tab);
+}
+
+void hak_large_trim_tables(void) {
+  if (pthread_mutex_trylock(&hak_large_lock) != 0) return;
+  if (arena == NULL && !tab_read_only)
+    tab_read_only = hak_os_read_only(&tab, hak_page_down(sizeof tab));
+  pthread_mutex_unlock(&hak_large_lock);
 }
 
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
+  /* refused (a commit or data limit): a later call tries again */
+  if (tab_read_only) {
+    if (!hak_os_commit(&tab, hak_page_down(sizeof tab))) return false;
+    tab_read_only = false;
+  }
   if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
   uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, !hak_large_strict);
   /* refused read/write where the setting could not be read (no /proc): a
@@ -271,34 +281,34 @@ static void dirty_add(size_t n, bool on) {
 
 /* Chunk k's pages may be committed up to `used` bytes. */
 static void dirt_fold(size_t k, size_t used) {
-  if (used > dirt[k]) dirt[k] = (uint32_t)used;
+  if (used > tab.dirt[k]) tab.dirt[k] = (uint32_t)used;
 }
 
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
   chunk_bin_remove(k);
-  bit_set(dirty_bits, k, false);
-  head_mark[k] = 0;
-  dirty_add(dirt[k], false);
-  dirt[k] = 0;
+  bit_set(tab.dirty_bits, k, false);
+  tab.head_mark[k] = 0;
+  dirty_add(tab.dirt[k], false);
+  tab.dirt[k] = 0;
 }
 
 /* Chunks [i, i + n) become part of a block (a head if first). A fresh chunk
  * starts counting as mapped. */
 static void chunks_claim(size_t i, size_t n, bool first) {
-  size_t start = run_start(i), end = bit_next(used_bits, i, true);
+  size_t start = run_start(i), end = bit_next(tab.used_bits, i, true);
   run_remove(start, end);
   size_t was_dirty = 0, fresh = 0; /* counted once: the counters are atomic */
   for (size_t k = i; k < i + n; k++) {
-    if (bit_get(dirty_bits, k)) {
+    if (bit_get(tab.dirty_bits, k)) {
       chunk_bin_remove(k);
-      bit_set(dirty_bits, k, false);
-      was_dirty += dirt[k];
+      bit_set(tab.dirty_bits, k, false);
+      was_dirty += tab.dirt[k];
     } else {
       fresh++;
     }
-    bit_set(used_bits, k, true);
-    head_mark[k] = first && k == i;
+    bit_set(tab.used_bits, k, true);
+    tab.head_mark[k] = first && k == i;
   }
   live_chunks += n;
   if (was_dirty) dirty_add(was_dirty, false);
@@ -315,13 +325,13 @@ static void chunks_claim(size_t i, size_t n, bool first) {
 /* Chunks [i, i + n) of blocks are free again: one run with the free runs
  * beside them. */
 static void chunks_free(size_t i, size_t n) {
-  size_t start = i, end = bit_next(used_bits, i + n, true);
-  if (i > 0 && !bit_get(used_bits, i - 1)) {
+  size_t start = i, end = bit_next(tab.used_bits, i + n, true);
+  if (i > 0 && !bit_get(tab.used_bits, i - 1)) {
     start = run_start(i - 1);
     run_remove(start, i);
   }
   if (i + n < end) run_remove(i + n, end);
-  for (size_t k = i; k < i + n; k++) bit_set(used_bits, k, false);
+  for (size_t k = i; k < i + n; k++) bit_set(tab.used_bits, k, false);
   live_chunks -= n;
   run_add(start, end);
 }
@@ -336,9 +346,9 @@ static void chunks_release(size_t i, size_t n, size_t used, size_t offset) {
   size_t dirty = 0;
   for (size_t k = i; k < i + n; k++) {
     dirt_fold(k, chunk_use(used, offset, k - i));
-    bit_set(dirty_bits, k, true);
-    freed_ms[k] = now;
-    dirty += dirt[k];
+    bit_set(tab.dirty_bits, k, true);
+    tab.freed_ms[k] = now;
+    dirty += tab.dirt[k];
     chunk_bin_add(k);
   }
   dirty_add(dirty, true);
@@ -369,12 +379,12 @@ static bool place_in_run(place_t *best, const want_t *w, size_t i, size_t end, s
    * `last` bytes; `full` sums the dirt of the n - 1 before s + n - 1 */
   size_t full = 0;
   for (size_t s = i, k = i; s + n <= end && *left > 0; s++, --*left) {
-    for (; n > 1 && k < s + n - 1; k++) full += dirt[k];
-    size_t d = dirt[s + n - 1];
+    for (; n > 1 && k < s + n - 1; k++) full += tab.dirt[k];
+    size_t d = tab.dirt[s + n - 1];
     size_t cover = full + (d < last ? d : last), waste = d > last ? d - last : 0;
-    if (n > 1 && dirt[s] > head) { /* a first chunk below the block */
-      cover -= dirt[s] - head;
-      waste += dirt[s] - head;
+    if (n > 1 && tab.dirt[s] > head) { /* a first chunk below the block */
+      cover -= tab.dirt[s] - head;
+      waste += tab.dirt[s] - head;
     }
     if (best->at == SIZE_MAX || cover > best->cover ||
         (cover == best->cover &&
@@ -384,7 +394,7 @@ static bool place_in_run(place_t *best, const want_t *w, size_t i, size_t end, s
      * another run could still beat is only the bytes left unused (the
      * search of every start cost 1.2x with 1000 blocks of 2-8 MiB) */
     if (cover == most && (waste == 0 || len == n)) return len == n;
-    if (n > 1) full -= dirt[s];
+    if (n > 1) full -= tab.dirt[s];
   }
   return false;
 }
@@ -409,13 +419,13 @@ static size_t arena_find(size_t map_size, size_t offset, size_t *fresh) {
   const want_t w = {n, chunk_use(map_size, offset, 0), chunk_use(map_size, offset, n - 1),
                     use < dirty_bytes ? use : dirty_bytes};
   for (uint64_t m = run_nonempty[0] & ~(((uint64_t)1 << run_bin(n)) - 1); m && left; m &= m - 1)
-    for (uint32_t l = run_head[__builtin_ctzll(m)]; l && left; l = run_next[l - 1]) {
-      size_t i = l - 1, end = bit_next(used_bits, i, true);
+    for (uint32_t l = run_head[__builtin_ctzll(m)]; l && left; l = tab.run_next[l - 1]) {
+      size_t i = l - 1, end = bit_next(tab.used_bits, i, true);
       if (end - i < n) left--;
       else if (place_in_run(&best, &w, i, end, end - i, &left)) goto found;
     }
   if (best.at == SIZE_MAX || left > 0) {
-    size_t i = high > 0 && !bit_get(used_bits, high - 1) ? run_start(high - 1) : high;
+    size_t i = high > 0 && !bit_get(tab.used_bits, high - 1) ? run_start(high - 1) : high;
     size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
     if (left == 0) left = 1; /* runs too short took them all: one start here */
     place_in_run(&best, &w, i, end, SIZE_MAX, &left);
@@ -431,20 +441,20 @@ found:
  * committed; true while some stay committed. */
 static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
-  for (size_t i = bit_next(dirty_bits, 0, true); i < high && dirty_bytes > keep;
-       i = bit_next(dirty_bits, i, true)) {
-    if (!(force || now - freed_ms[i] >= delay || freed_ms[i] <= older)) {
+  for (size_t i = bit_next(tab.dirty_bits, 0, true); i < high && dirty_bytes > keep;
+       i = bit_next(tab.dirty_bits, i, true)) {
+    if (!(force || now - tab.freed_ms[i] >= delay || tab.freed_ms[i] <= older)) {
       i++;
       continue;
     }
     size_t j = i;
-    while (j < high && bit_get(dirty_bits, j) && dirty_bytes > keep &&
-           (force || now - freed_ms[j] >= delay || freed_ms[j] <= older)) {
+    while (j < high && bit_get(tab.dirty_bits, j) && dirty_bytes > keep &&
+           (force || now - tab.freed_ms[j] >= delay || tab.freed_ms[j] <= older)) {
       chunk_forget(j);
       j++;
     }
     if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT, hak_large_strict))
-      memset(&accessible[i], 0, (j - i) * sizeof accessible[0]);
+      memset(&tab.accessible[i], 0, (j - i) * sizeof tab.accessible[0]);
     i = j;
   }
   return dirty_bytes != 0;
@@ -459,8 +469,8 @@ static void arena_trim_locked(void) {
   if (limit && live > limit) limit = live; /* a program with more live churns more */
   while (dirty_bytes > limit) {
     uint64_t oldest = UINT64_MAX;
-    for (size_t i = bit_next(dirty_bits, 0, true); i < high; i = bit_next(dirty_bits, i + 1, true))
-      if (freed_ms[i] < oldest) oldest = freed_ms[i];
+    for (size_t i = bit_next(tab.dirty_bits, 0, true); i < high; i = bit_next(tab.dirty_bits, i + 1, true))
+      if (tab.freed_ms[i] < oldest) oldest = tab.freed_ms[i];
     arena_purge_locked(false, oldest, limit);
   }
 }
@@ -486,7 +496,7 @@ static void arena_trim_locked(void) {
 #define SAMPLE_NEAR 32
 #define SAMPLE_FAR 256
 static unsigned written_share = 192; /* of 256 */
-static size_t samples, sample_in = 1;
+static HAK_NEAR_DATA size_t samples, sample_in = 1;
 
 static void sample_written(const hak_segment_t *seg) {
   if (--sample_in) return;
@@ -515,9 +525,9 @@ static size_t donor_for(size_t need, size_t least) {
 static bool chunk_commit(size_t k, size_t need) {
   if (!hak_large_strict) return true;
   need = hak_page_up(need);
-  if (need <= accessible[k]) return true;
-  if (!hak_os_commit(chunk_addr(k) + accessible[k], need - accessible[k])) return false;
-  accessible[k] = (uint32_t)need;
+  if (need <= tab.accessible[k]) return true;
+  if (!hak_os_commit(chunk_addr(k) + tab.accessible[k], need - tab.accessible[k])) return false;
+  tab.accessible[k] = (uint32_t)need;
   return true;
 }
 
@@ -525,8 +535,8 @@ static bool chunk_commit(size_t k, size_t need) {
  * left empty. */
 static void accessible_moved(size_t from, size_t to_chunk) {
   if (!hak_large_strict) return; /* the table stays untouched */
-  if (to_chunk != SIZE_MAX) accessible[to_chunk] = accessible[from];
-  accessible[from] = 0;
+  if (to_chunk != SIZE_MAX) tab.accessible[to_chunk] = tab.accessible[from];
+  tab.accessible[from] = 0;
 }
 
 /* Moves chunk from's pages to `to` (chunk to_chunk's address, or a
@@ -548,31 +558,31 @@ static void chunk_fill(size_t k, size_t need) {
    * the donor's (through the unused chunk at `high`): moved over, they
    * were dropped, and faulted in again elsewhere (blocks of 1-4 MiB over
    * 64 slots: 71 of 230 MiB faulted in). */
-  size_t mine = dirt[k];
+  size_t mine = tab.dirt[k];
   if (!chunk_commit(donor, need)) return; /* k takes its pages as far as they are accessible */
   int swapped = mine >= DONATE_MIN && high < ARENA_CHUNKS
                     ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN,
                                   hak_large_strict)
                     : 0;
   if (swapped == 2) {
-    dirt[k] = dirt[donor];
+    tab.dirt[k] = tab.dirt[donor];
     chunk_bin_remove(donor);
-    dirty_add(dirt[donor], false);
-    dirt[donor] = (uint32_t)mine;
+    dirty_add(tab.dirt[donor], false);
+    tab.dirt[donor] = (uint32_t)mine;
     dirty_add(mine, true);
     chunk_bin_add(donor);
-    head_mark[donor] = 0;
+    tab.head_mark[donor] = 0;
     if (hak_large_strict) {
-      uint32_t own = accessible[k];
-      accessible[k] = accessible[donor];
-      accessible[donor] = own;
+      uint32_t own = tab.accessible[k];
+      tab.accessible[k] = tab.accessible[donor];
+      tab.accessible[donor] = own;
     }
     return;
   }
   /* else the donor is left all zero */
   if (swapped == 1) accessible_moved(donor, k);
   else if (!chunk_move(donor, chunk_addr(k), k)) return;
-  dirt[k] = dirt[donor];
+  tab.dirt[k] = tab.dirt[donor];
   chunk_forget(donor);
   hak_stats_mapped(GRAIN, false);
 }
@@ -610,9 +620,9 @@ static bool block_commit(size_t i, size_t map_size, size_t offset, size_t from, 
   for (size_t k = from; k < end; k++) {
     if (!chunk_commit(k, whole ? GRAIN : chunk_use(map_size, offset, k - i))) {
       for (size_t j = from; j < k; j++)
-        if (!bit_get(used_bits, j) && !bit_get(dirty_bits, j) && accessible[j] &&
-            hak_os_uncommit(chunk_addr(j), accessible[j]))
-          accessible[j] = 0;
+        if (!bit_get(tab.used_bits, j) && !bit_get(tab.dirty_bits, j) && tab.accessible[j] &&
+            hak_os_uncommit(chunk_addr(j), tab.accessible[j]))
+          tab.accessible[j] = 0;
       return false;
     }
   }
@@ -628,8 +638,8 @@ static bool block_fill(size_t i, size_t map_size, size_t offset, size_t from, bo
   bool fresh = true;
   for (size_t k = from; k < i + n; k++) {
     size_t need = whole ? GRAIN : chunk_use(map_size, offset, k - i);
-    if (dirt[k] + DONATE_MIN <= need) chunk_fill(k, need);
-    if (dirt[k]) fresh = false;
+    if (tab.dirt[k] + DONATE_MIN <= need) chunk_fill(k, need);
+    if (tab.dirt[k]) fresh = false;
   }
   return fresh;
 }
@@ -640,7 +650,7 @@ static size_t grow_fresh_bytes(size_t i, size_t map_size, size_t used, size_t of
   size_t fresh = 0;
   for (size_t k = 0; k < chunks_of(map_size); k++) {
     size_t need = chunk_use(map_size, offset, k), have = chunk_use(used, offset, k);
-    if (dirt[i + k] > have) have = dirt[i + k];
+    if (tab.dirt[i + k] > have) have = tab.dirt[i + k];
     if (need > have) fresh += need - have;
   }
   return fresh;
@@ -690,7 +700,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     goto out;
   }
   bool room = i + m <= ARENA_CHUNKS;
-  for (size_t k = i + n; room && k < i + m; k++) room = k >= high || !bit_get(used_bits, k);
+  for (size_t k = i + n; room && k < i + m; k++) room = k >= high || !bit_get(tab.used_bits, k);
   size_t fresh_there, j = arena_find(new_map, offset, &fresh_there);
   if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size, offset) <=
                                     fresh_there + seg->map_size / COPY_PER_FAULT)) {
@@ -710,7 +720,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   r = NULL;
   if (j == SIZE_MAX) goto out;
   for (size_t k = j; k < j + n; k++)
-    if (dirt[k]) goto out; /* moving pages there would drop these: copy */
+    if (tab.dirt[k]) goto out; /* moving pages there would drop these: copy */
   /* The moved chunks stay accessible as far as they were: the last one is
    * made so for its new bytes first, the chunks after them for theirs. */
   if (!chunk_commit(i + n - 1, again ? GRAIN : chunk_use(new_map, offset, n - 1)) ||
@@ -729,21 +739,21 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
       while (k-- > 0) {
         if (!chunk_move(j + k, chunk_addr(i + k), i + k))
           hak_fatal("hakmem: mremap back to %p failed: errno %d", chunk_addr(i + k), errno);
-        dirt[i + k] = dirt[j + k];
-        dirt[j + k] = 0;
+        tab.dirt[i + k] = tab.dirt[j + k];
+        tab.dirt[j + k] = 0;
       }
       chunks_release(j, m, 0, 0);
       goto out;
     }
     /* the old chunk is mapped again, empty; the pages moved keep their dirt */
-    dirt[j + k] = dirt[i + k];
+    tab.dirt[j + k] = tab.dirt[i + k];
     dirt_fold(j + k, chunk_use(old_map, offset, k));
-    dirt[i + k] = 0;
+    tab.dirt[i + k] = 0;
   }
   chunks_free(i, n);
   block_fill(j, new_map, offset, j + n, again);
   faults = grow_fresh_bytes(j, new_map, old_map, offset);
-  head_mark[i] = 0;
+  tab.head_mark[i] = 0;
   hak_stats_mapped(n << GRAIN_SHIFT, false);
   dst->map_size = new_map;
   dst->grown = 1;
@@ -789,7 +799,7 @@ static void large_unmap(hak_segment_t *seg) {
 hak_segment_t *hak_large_header(const void *p) {
   HAK_ASSERT(in_arena((const uint8_t *)p - 1)); /* the segment map says so */
   size_t i = chunk_index((const uint8_t *)p - 1);
-  return head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
+  return tab.head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
 }
 
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bool whole) {

@@ -126,6 +126,13 @@ bool hak_os_uncommit(void *p, size_t size) {
   return done;
 }
 
+bool hak_os_read_only(void *p, size_t size) {
+  int saved = errno;
+  bool done = mmap(p, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
+  errno = saved;
+  return done;
+}
+
 bool hak_os_decommit(void *p, size_t size, bool inaccessible) {
   if (size == 0) return false;
   bool done = inaccessible && hak_os_uncommit(p, size);

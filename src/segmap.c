@@ -3,10 +3,7 @@
  * small data and the span pool's table, and the large arena's tables
  * (1 MiB, written only by programs with large blocks) come after it, so a
  * program's writes to the library's data stay within 2 MiB. */
-#define _GNU_SOURCE
 #include "internal.h"
-
-#include <sys/mman.h>
 
 _Alignas(HAK_PAGE_SIZE) _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
@@ -18,14 +15,10 @@ _Alignas(HAK_PAGE_SIZE) _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
  * a purge pass a second after the first segment: in a new process that
  * mmap took 10 us, which made a spawn of /bin/echo 1.03x as long. */
 #define TRIM_AFTER_MS 1000
-/* In .data, with the library's other small variables: as bss they would
- * follow the map, and a page written 32 MiB further cost each fork a page
- * table (a fork loop 1.024x as long). */
-#define NEAR_DATA __attribute__((section(".data")))
-static NEAR_DATA uint64_t first_open_ms;            /* 0 before the first segment */
-static NEAR_DATA size_t needed;                     /* the map's first bytes segments need */
-static NEAR_DATA size_t writable = HAK_SEGMAP_SIZE; /* the map's first bytes writable */
-static NEAR_DATA _Atomic bool trim_tried;
+static HAK_NEAR_DATA uint64_t first_open_ms;            /* 0 before the first segment */
+static HAK_NEAR_DATA size_t needed;                     /* the map's first bytes segments need */
+static HAK_NEAR_DATA size_t writable = HAK_SEGMAP_SIZE; /* the map's first bytes writable */
+static HAK_NEAR_DATA _Atomic bool trim_tried;
 HAK_FORK_HELD pthread_mutex_t hak_segmap_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool hak_segmap_open(const void *start, size_t size) {
@@ -40,7 +33,7 @@ bool hak_segmap_open(const void *start, size_t size) {
   bool done = true;
   pthread_mutex_lock(&hak_segmap_lock);
   if (need > writable) {
-    done = mprotect((uint8_t *)hak_segmap + writable, need - writable, PROT_READ | PROT_WRITE) == 0;
+    done = hak_os_commit((uint8_t *)hak_segmap + writable, need - writable);
     if (done) writable = need;
   }
   if (done && need > needed) needed = need;
@@ -55,15 +48,15 @@ void hak_segmap_trim(bool now) {
   if (atomic_load_explicit(&trim_tried, memory_order_relaxed) ||
       pthread_mutex_trylock(&hak_segmap_lock) != 0)
     return;
-  if (!atomic_load_explicit(&trim_tried, memory_order_relaxed) &&
-      (now || (first_open_ms != 0 && hak_clock_ms() >= first_open_ms + TRIM_AFTER_MS))) {
+  bool trim = !atomic_load_explicit(&trim_tried, memory_order_relaxed) &&
+              (now || (first_open_ms != 0 && hak_clock_ms() >= first_open_ms + TRIM_AFTER_MS));
+  if (trim) {
     atomic_store_explicit(&trim_tried, true, memory_order_relaxed);
     /* past needed, no byte was ever written: readers see zeros as before */
-    if (mmap((uint8_t *)hak_segmap + needed, HAK_SEGMAP_SIZE - needed, PROT_READ,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)
-      writable = needed;
+    if (hak_os_read_only((uint8_t *)hak_segmap + needed, HAK_SEGMAP_SIZE - needed)) writable = needed;
   }
   pthread_mutex_unlock(&hak_segmap_lock);
+  if (trim) hak_large_trim_tables(); /* after: its lock comes before this one */
 }
 
 void hak_segmap_set(hak_segment_t *seg, uint8_t value) {
