@@ -66,6 +66,7 @@ static _Alignas(HAK_PAGE_SIZE) struct {
    * the kernel refused the purge's new mapping: then it was only emptied). */
   uint32_t accessible[ARENA_CHUNKS];
 } tab;
+_Static_assert(sizeof tab % HAK_PAGE_SIZE == 0, "tab is trimmed in whole pages");
 /* In .data: a variable after the segment map in the bss would cost every
  * fork a page table (segmap.c). */
 static HAK_NEAR_DATA bool tab_read_only;
@@ -240,7 +241,7 @@ static void no_huge_pages(uint8_t *a) {
 void hak_large_trim_tables(void) {
   if (pthread_mutex_trylock(&hak_large_lock) != 0) return;
   if (arena == NULL && !tab_read_only)
-    tab_read_only = hak_os_read_only(&tab, hak_page_down(sizeof tab));
+    tab_read_only = hak_os_read_only(&tab, sizeof tab);
   pthread_mutex_unlock(&hak_large_lock);
 }
 
@@ -248,7 +249,7 @@ static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
   /* refused (a commit or data limit): a later call tries again */
   if (tab_read_only) {
-    if (!hak_os_commit(&tab, hak_page_down(sizeof tab))) return false;
+    if (!hak_os_commit(&tab, sizeof tab)) return false;
     tab_read_only = false;
   }
   if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();

@@ -119,18 +119,20 @@ void hak_os_purge(void *p, size_t size) {
   count_returned(size);
 }
 
-bool hak_os_uncommit(void *p, size_t size) {
+/* [p, p + size) mapped again, empty; false (errno kept) if refused. */
+static bool map_empty(void *p, size_t size, int prot, int flags) {
   int saved = errno;
-  bool done = mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED, -1, 0) != MAP_FAILED;
+  bool done = mmap(p, size, prot, flags | MAP_FIXED, -1, 0) != MAP_FAILED;
   errno = saved;
   return done;
 }
 
+bool hak_os_uncommit(void *p, size_t size) { return map_empty(p, size, PROT_NONE, MAP_FLAGS); }
+
+/* Without MAP_NORESERVE: made writable again, the range is then charged as
+ * the bss around it, and the kernel merges them into one area. */
 bool hak_os_read_only(void *p, size_t size) {
-  int saved = errno;
-  bool done = mmap(p, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
-  errno = saved;
-  return done;
+  return map_empty(p, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS);
 }
 
 bool hak_os_decommit(void *p, size_t size, bool inaccessible) {
