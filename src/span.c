@@ -70,9 +70,15 @@ typedef struct {
 _Static_assert(CHUNK_RUNS <= (1u << CHUNK_SLOT_BITS), "a chunk's records fit its slot bits");
 _Static_assert(offsetof(hak_segment_t, span) + sizeof(((hak_segment_t *)0)->span) <= 2 * HAK_PAGE_SIZE,
                "a span segment's header fits two pages");
-static run_t *pool;                             /* records given back */
-static pool_chunk_t *chunk_at[POOL_CHUNKS_MAX]; /* every chunk, by number */
-static size_t nchunks, chunk_filling; /* chunk_at[chunk_filling] may have records left */
+/* The chunks by number: the first CHUNKS_NEAR (records for 2.7 GiB of
+ * span segments) in the library's data, the others in a table mapped when
+ * a program needs them. A table of every chunk in the bss (1 MiB) was
+ * charged to the commit of every process and of each child of a fork. */
+#define CHUNKS_NEAR 64
+static pool_chunk_t *chunk_near[CHUNKS_NEAR];
+static pool_chunk_t **chunk_far; /* POOL_CHUNKS_MAX entries, the first CHUNKS_NEAR unused */
+static run_t *pool;              /* records given back */
+static size_t nchunks, chunk_filling; /* chunk chunk_filling may have records left */
 static size_t pool_total;
 
 /* A thread's cache of a class moves BATCH_BYTES of blocks (at least one)
@@ -135,8 +141,9 @@ static inline uint8_t *page_addr(hak_segment_t *seg, unsigned page) {
 static inline unsigned page_index(const void *p) { return hak_span_page_index(p); }
 static inline unsigned word_pages(uint32_t w) { return w >> 16; }
 /* The record of a FREE page word. */
+static inline pool_chunk_t **chunk_at(size_t n) { return n < CHUNKS_NEAR ? &chunk_near[n] : &chunk_far[n]; }
 static inline run_t *run_of(uint32_t word) {
-  pool_chunk_t *c = chunk_at[word >> (2 + CHUNK_SLOT_BITS)];
+  pool_chunk_t *c = *chunk_at(word >> (2 + CHUNK_SLOT_BITS));
   return (run_t *)(c + 1) + ((word >> 2) & ((1u << CHUNK_SLOT_BITS) - 1));
 }
 static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_PAGE_SHIFT; }
@@ -145,16 +152,22 @@ static inline size_t run_bytes(const run_t *r) { return (size_t)r->pages << HAK_
 
 static bool pool_reserve(size_t total) {
   while (pool_total < total) {
-    pool_chunk_t *chunk = nchunks < POOL_CHUNKS_MAX ? hak_os_map(POOL_CHUNK) : NULL;
+    if (nchunks == POOL_CHUNKS_MAX) return false;
+    if (nchunks == CHUNKS_NEAR && chunk_far == NULL &&
+        (chunk_far = hak_os_map(POOL_CHUNKS_MAX * sizeof *chunk_far)) == NULL)
+      return false;
+    pool_chunk_t *chunk = hak_os_map(POOL_CHUNK);
     if (chunk == NULL) return false;
-    chunk_at[nchunks++] = chunk;
+    *chunk_at(nchunks++) = chunk;
     pool_total += CHUNK_RUNS;
   }
   return true;
 }
 
 static void pool_release(void) {
-  while (nchunks) hak_os_unmap(chunk_at[--nchunks], POOL_CHUNK);
+  while (nchunks) hak_os_unmap(*chunk_at(--nchunks), POOL_CHUNK);
+  if (chunk_far) hak_os_unmap(chunk_far, POOL_CHUNKS_MAX * sizeof *chunk_far);
+  chunk_far = NULL;
   pool = NULL;
   pool_total = chunk_filling = 0;
 }
@@ -165,7 +178,7 @@ static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_
     pool = r->next;
   } else {
     pool_chunk_t *c; /* pool_reserve made room */
-    while ((c = chunk_at[chunk_filling])->used == CHUNK_RUNS) chunk_filling++;
+    while ((c = *chunk_at(chunk_filling))->used == CHUNK_RUNS) chunk_filling++;
     r = (run_t *)(c + 1) + c->used;
     r->handle = (uint32_t)(chunk_filling << CHUNK_SLOT_BITS | c->used++) << 2 | HAK_PAGE_FREE;
   }

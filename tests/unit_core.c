@@ -1732,6 +1732,54 @@ TEST(thousands_of_free_runs_are_found_by_their_handles) {
   hak_release_all(); /* walks every run of the segments that go */
 }
 
+/* Past its first 64 chunks (349,504 records, for 2.7 GiB of span segments)
+ * the pool names its chunks through a table it maps. Runs whose records
+ * come from there are walked by their segments' page words, merge with the
+ * blocks freed beside them, and go with their segments. Without a purge
+ * delay, what comes back is purged at once: the blocks' pages, written by
+ * free, do not add up to gigabytes. A page word names its record's chunk
+ * in its bits 15 and up. */
+TEST(runs_whose_records_lie_past_the_first_64_chunks_are_walked_merged_and_go) {
+  hak_opt.purge_delay_ms = 0;
+  free(malloc(8192)); /* the thread's heap, mapped at its first malloc */
+  flush_span_caches();
+  hak_release_all();
+  size_t mapped_before = atomic_load(&hak_gstats.mapped);
+  enum { N = 2 * 352000 }; /* 5.4 GiB of 8 KiB blocks */
+  static void *ps[N];
+  uint8_t *lo = NULL, *hi = NULL; /* blocks in a row, whose pages the caches' lists wrote */
+  for (int i = 0; i < N; i++) {
+    REQUIRE((ps[i] = malloc(8192)) != NULL);
+    if (ps[i] != hi) {
+      if (lo) madvise(lo, (size_t)(hi - lo), MADV_DONTNEED);
+      lo = ps[i];
+    }
+    hi = (uint8_t *)ps[i] + 8192;
+  }
+  madvise(lo, (size_t)(hi - lo), MADV_DONTNEED);
+  for (int i = 0; i < N; i += 2) free(ps[i]);
+  flush_span_caches();
+  hak_span_purge(true); /* and the 4 MiB that waited in the class's transfer */
+  uint32_t far = 0;
+  for (int i = 0; i < N; i += 2) {
+    uint32_t w = page_word(ps[i]);
+    if ((w & HAK_PAGE_TAG) == HAK_PAGE_FREE && w >> 15 > far) far = w >> 15;
+  }
+  CHECK_MSG(far >= 64, "the furthest chunk named: %u", far);
+  hak_usage_t u = {0};
+  hak_span_usage(&u);
+  size_t cls = hak_size_class(8192);
+  /* but for what a thread that only frees stages, less than a batch */
+  CHECK_MSG(u.blocks_used[cls] >= N / 2 && u.blocks_used[cls] < N / 2 + 8,
+            "%zu blocks of 8 KiB found by walking the runs, %d in use", u.blocks_used[cls], N / 2);
+  for (int i = 1; i < N; i += 2) free(ps[i]);
+  flush_span_caches();
+  hak_release_all();
+  size_t mapped_after = atomic_load(&hak_gstats.mapped);
+  CHECK_MSG(mapped_after <= mapped_before, "%zu KiB mapped after, %zu before", mapped_after >> 10,
+            mapped_before >> 10);
+}
+
 /* The usable size of a new block of the given size. */
 static size_t class_usable(size_t size) { return hak_class_size[hak_size_class(size + HAK_CANARY)] - HAK_CANARY; }
 
