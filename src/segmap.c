@@ -1,8 +1,8 @@
 /* The segment map (internal.h). The Makefile links this file after all
  * others but large.c: the map's bytes in use then follow the library's
- * small data and the span pool's table, and the large arena's tables
- * (1 MiB, written only by programs with large blocks) come after it, so a
- * program's writes to the library's data stay within 2 MiB. */
+ * small data, and the large arena's tables (1 MiB, written only by
+ * programs with large blocks) come after it, so a program's writes to the
+ * library's data stay within 2 MiB. */
 #include "internal.h"
 
 _Alignas(HAK_PAGE_SIZE) _Atomic uint8_t hak_segmap[HAK_SEGMAP_SIZE];
