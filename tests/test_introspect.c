@@ -419,8 +419,11 @@ static long library_data_kib(bool writable) {
  * segment makes the segment map's unused bytes read-only, which the kernel
  * does not charge to its commit (a fork does it at once; unit_core tests
  * that), and the large arena's tables (1,064 KiB) while it has no large
- * block. What stays writable, and charged, is the library's small data:
- * less than 256 KiB (the span pool's table of chunks made it 1 MiB more).
+ * block. What stays writable, and charged, is the library's small data
+ * (20 KiB) and the map's pages from the top of the address space down to
+ * its lowest segment, one per 16 GiB: up to 256 KiB where the kernel's
+ * randomization puts the mappings 1 TiB down. Less than 512 KiB in all
+ * (the span pool's table of chunks made it 1 MiB more).
  * Span blocks freed after the second, then small blocks for 600 ms (three
  * delays), make the program's own calls pass. */
 static int map_trim_child(void) {
@@ -433,7 +436,7 @@ static int map_trim_child(void) {
   printf("    read-only KiB of the library's data: %ld at the first segment, %ld 1.7 s later, "
          "when %ld KiB are writable\n",
          first, later, writable);
-  return first >= 0 && first < 1024 && later >= 33000 && writable >= 0 && writable < 256 ? 0 : 1;
+  return first >= 0 && first < 1024 && later >= 33000 && writable >= 0 && writable < 512 ? 0 : 1;
 }
 
 TEST(a_second_after_its_first_segment_the_segment_map_is_read_only_but_what_segments_use) {
