@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark suite checks (cheap): every workload runs with tiny arguments under
 # glibc and under $LIBHAKMEM and prints a parsable ops/s= line; the
-# statistics code of tools/hakbench.py passes its unit tests; bench/run runs
+# statistics code of tools/hakbench.py passes its unit tests; tools/matrix_runs.py
+# summarizes the committed reports; bench/run runs
 # end to end (1 tiny workload, 1 round, glibc + hakmem) and writes its CSV.
 # Env: LIBHAKMEM (release .so, default build/libhakmem.so), BUILD (default build).
 set -u
@@ -114,6 +115,20 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# tools/matrix_runs.py: a row per report of 11 rounds (tests/data holds the
+# tables of one), whose first ratio is the report's own random_mixed ws=400
+# median; a report of 7 rounds is left out.
+full=tests/data/full-report.md
+sed 's/^- set: full, 11 rounds/- set: full, 7 rounds/' "$full" > "$tmp/seven.md"
+want=$(sed -n 's/^| random_mixed ws=400 *| *[a-z]* | \([0-9.]*\)x |.*/\1/p' "$full")
+if out=$(python3 tools/matrix_runs.py "$full" "$tmp/seven.md" 2>&1) && [ "$(printf '%s\n' "$out" | wc -l)" -eq 3 ] &&
+   [ -n "$want" ] && [ "$(printf '%s\n' "$out" | tail -1 | cut -d'|' -f4 | tr -d ' ')" = "$want" ]; then
+  ok "tools/matrix_runs.py: one row per report of 11 rounds, random_mixed ws=400 at $want"
+else
+  bad "tools/matrix_runs.py (want $want)" "$out"
+fi
+
 out=$(HAKMEM_LEAK=1 python3 bench/run --set tiny --rounds 1 --warmup 0 --only glibc,hakmem \
       --hakmem-lib "$LIBHAKMEM" --bin-dir "$BIN" --out-dir "$tmp" --tag t --no-install --no-plot -q 2>&1)
 rc=$?

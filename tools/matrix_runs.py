@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""One markdown row per `make bench-full` report: hakmem's round-by-round ratio
+to the best peer on each workload (or the range over a group of workloads),
+the geometric mean against the best peer's, and how many workloads' peaks
+are under both memory limits of issue 4 (1.10x mimalloc's, and the peers'
+median). docs/PERFORMANCE.md's table of runs is this script's output.
+
+usage: tools/matrix_runs.py [--rounds N] bench/results/full-*.md
+  --rounds N  leave out reports of fewer rounds (default 11)
+"""
+import re
+import statistics
+import sys
+
+PEERS = ["glibc", "mimalloc", "jemalloc", "tcmalloc"]
+COLUMNS = [  # (heading, workload prefix, how: one value, or the range of a group)
+    ("rm 400", "random_mixed ws=400", "one"),
+    ("rm 8192", "random_mixed ws=8192", "one"),
+    ("mlm 1t", "mid_large_mt 1t", "one"),
+    ("mlm 2t", "mid_large_mt 2t", "one"),
+    ("larson", "larson", "range"),
+    ("xmalloc 1p1c", "xmalloc 1p1c", "one"),
+    ("xmalloc 2p2c", "xmalloc 2p2c", "one"),
+    ("cache", "cache_", "range"),
+    ("glibc_*", "glibc_", "range"),
+    ("realloc", "realloc_chain", "one"),
+    ("large", "large", "one"),
+    ("batch", "batch", "one"),
+    ("frag", "frag", "one"),
+]
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def parse(path):
+    """(revision, rounds, {workload: hakmem/best peer}, geomean, peaks under both, workloads)"""
+    text = open(path).read()
+    rev = re.search(r"hakmem revision: (\S+)", text).group(1).replace("+dirty", "")
+    rounds = int(re.search(r"set: \S+, (\d+) rounds", text).group(1))
+    best, geo, rss = {}, {}, {}
+    section, heading = None, []
+    for line in text.splitlines():
+        if line.startswith("| workload ("):
+            section = "thr" if "ops/s" in line else "best" if "best peer" in line else "rss"
+            heading = cells(line)
+        elif line.startswith("|--"):
+            continue
+        elif line.startswith("|"):
+            c = cells(line)
+            if section == "best":
+                best[c[0]] = float(c[2].rstrip("x"))
+            elif section == "thr" and c[0] == "geomean ratio":
+                geo = {k: float(v.rstrip("x")) for k, v in zip(heading[1:], c[1:])}
+            elif section == "rss":
+                rss[c[0]] = {k: float(v.split("/")[0]) for k, v in zip(heading[1:], c[1:])}
+        else:
+            section = None
+    geomean = 1 / max(geo[p] for p in PEERS if p in geo)
+    under = sum(r["hakmem"] <= 1.10 * r["mimalloc"] and
+                r["hakmem"] <= statistics.median(r[p] for p in PEERS if p in r) for r in rss.values())
+    return rev, rounds, best, geomean, under, len(rss)
+
+
+def row(path):
+    rev, _, best, geomean, under, n = parse(path)
+    out = [f"`{rev}`", path.rsplit("/", 1)[-1].removesuffix(".md")]
+    for _, prefix, how in COLUMNS:
+        vals = [v for w, v in best.items() if w.startswith(prefix)]
+        if not vals:
+            out.append("")
+        elif how == "one":
+            out.append(f"{vals[0]:.3f}")
+        else:
+            out.append(f"{min(vals):.3f}–{max(vals):.3f}")
+    out += [f"{geomean:.2f}", f"{under} of {n}"]
+    return "| " + " | ".join(out) + " |"
+
+
+def main(argv):
+    rounds = 11
+    if len(argv) > 1 and argv[0] == "--rounds":
+        rounds, argv = int(argv[1]), argv[2:]
+    if not argv or argv[0].startswith("-"):
+        sys.stderr.write(__doc__)
+        return 2
+    heads = ["commit", "report"] + [h for h, _, _ in COLUMNS] + ["geomean", "peaks"]
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "---|" * len(heads))
+    for path in argv:
+        if parse(path)[1] >= rounds:
+            print(row(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
