@@ -140,8 +140,9 @@ static inline uint8_t *page_addr(hak_segment_t *seg, unsigned page) {
 }
 static inline unsigned page_index(const void *p) { return hak_span_page_index(p); }
 static inline unsigned word_pages(uint32_t w) { return w >> 16; }
-/* The record of a FREE page word. */
+/* The place of chunk n in the table. */
 static inline pool_chunk_t **chunk_at(size_t n) { return n < CHUNKS_NEAR ? &chunk_near[n] : &chunk_far[n]; }
+/* The record of a FREE page word. */
 static inline run_t *run_of(uint32_t word) {
   pool_chunk_t *c = *chunk_at(word >> (2 + CHUNK_SLOT_BITS));
   return (run_t *)(c + 1) + ((word >> 2) & ((1u << CHUNK_SLOT_BITS) - 1));
