@@ -63,8 +63,8 @@ def parse(path):
     return rev, rounds, best, geomean, under, len(rss)
 
 
-def row(path):
-    rev, _, best, geomean, under, n = parse(path)
+def row(path, parsed):
+    rev, _, best, geomean, under, n = parsed
     out = [f"`{rev}`", path.rsplit("/", 1)[-1].removesuffix(".md")]
     for _, prefix, how in COLUMNS:
         vals = [v for w, v in best.items() if w.startswith(prefix)]
@@ -89,8 +89,9 @@ def main(argv):
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for path in argv:
-        if parse(path)[1] >= rounds:
-            print(row(path))
+        parsed = parse(path)
+        if parsed[1] >= rounds:
+            print(row(path, parsed))
     return 0
 
 
