@@ -142,9 +142,14 @@ regrtest_fault() {
     grep -m1 -A14 -E '^test test_[a-z0-9_]+ (failed|crashed)' "$T/$1.out"; } | tr '\n' '|'
   echo "(all of it: $KEEP/$1.out)"
 }
+# regrtest itself comes with python3 (libpython3.11-stdlib); the files of the
+# slice come with the test suite.
+PYTESTS=/usr/lib/python3.11/test
+missing_tests=()
+for t in $REGRTESTS; do [ -e "$PYTESTS/$t.py" ] || [ -d "$PYTESTS/$t" ] || missing_tests+=("$t"); done
 if need python3 "$PY"; then
-  if [ ! -f /usr/lib/python3.11/test/regrtest.py ]; then
-    bad python3_regrtest_slice "CPython's test suite is missing (apt-get install libpython3.11-testsuite)"
+  if [ "${#missing_tests[@]}" -gt 0 ]; then
+    bad python3_regrtest_slice "CPython's test suite is missing (apt-get install libpython3.11-testsuite): ${#missing_tests[@]} of the slice's $(echo $REGRTESTS | wc -w) files are not in $PYTESTS, ${missing_tests[0]} first"
   elif regrtest regrtest.hak LD_PRELOAD="$LIBHAKMEM"; then
     ok python3_regrtest_slice "$(grep -m1 -E '^All [0-9]+ tests OK' "$T/regrtest.hak.out")"
   elif regrtest regrtest.base; then
