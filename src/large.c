@@ -67,9 +67,7 @@ static _Alignas(HAK_PAGE_SIZE) struct {
   uint32_t accessible[ARENA_CHUNKS];
 } tab;
 _Static_assert(sizeof tab % HAK_PAGE_SIZE == 0, "tab is trimmed in whole pages");
-/* In .data: a variable after the segment map in the bss would cost every
- * fork a page table (segmap.c). */
-static HAK_NEAR_DATA bool tab_read_only;
+static HAK_NEAR_DATA bool tab_read_only; /* by hak_large_trim_tables */
 /* Lists of chunks in bins, the chunk added last first, and a bit a
  * non-empty bin, so that a search reads no chunk it cannot use. Links are
  * chunk index + 1 (0 ends a list). */
