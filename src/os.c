@@ -161,12 +161,19 @@ uint64_t hak_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The text of a /proc file, NUL-terminated (what fits); false if unread. */
+/* The text of a /proc file, NUL-terminated (what fits); false if unread.
+ * open, read and close are cancellation points: a thread cancelled in
+ * them would leave malloc with the caller's lock held. */
 static bool proc_read(const char *path, char *buf, size_t size) {
+  int cancel_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+  ssize_t n = -1;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n = read(fd, buf, size - 1);
-  close(fd);
+  if (fd >= 0) {
+    n = read(fd, buf, size - 1);
+    close(fd);
+  }
+  pthread_setcancelstate(cancel_state, NULL);
   if (n <= 0) return false;
   buf[n] = 0;
   return true;

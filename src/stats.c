@@ -151,6 +151,8 @@ HAK_COLD void hak_fatal(const char *fmt, ...) {
   if (n < 0) n = 0;
   if ((size_t)n > sizeof buf - 2) n = sizeof buf - 2;
   buf[n++] = '\n';
+  /* write is a cancellation point: a thread with a cancel pending would unwind */
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
   (void)!write(2, buf, (size_t)n);
   abort();
 }

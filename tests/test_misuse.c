@@ -8,6 +8,9 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/mman.h>
 
@@ -324,12 +327,36 @@ static void do_double_free_span(int fd) {
   announce(fd, ps[25]);
   free(ps[25]);
 }
+/* The report's write is a cancellation point: a thread with a cancel
+ * pending must abort there, not unwind and let the program go on. */
+static atomic_int cancel_sent;
+static void *double_free_with_cancel_pending(void *arg) {
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+  char *keep = malloc(32), *p = malloc(32);
+  REQUIRE(p && keep);
+  announce((int)(intptr_t)arg, p);
+  free(p);
+  while (!atomic_load(&cancel_sent)) sched_yield();
+  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+  free(p);
+  return NULL;
+}
+static void do_double_free_cancel_pending(int fd) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, double_free_with_cancel_pending, (void *)(intptr_t)fd) == 0);
+  REQUIRE(pthread_cancel(t) == 0);
+  atomic_store(&cancel_sent, 1);
+  pthread_join(t, NULL);
+}
 static void do_double_free_small(int fd) { double_free(fd, 32); }
 static void do_double_free_medium(int fd) { double_free(fd, 16384); }
 static void do_double_free_large(int fd) { double_free(fd, 1 << 20); }
 TEST(double_free_of_small_block_aborts) { expect_abort(do_double_free_small, DOUBLE); }
 TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DOUBLE); }
 TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
+TEST(double_free_in_a_thread_with_a_cancel_pending_aborts) {
+  expect_abort(do_double_free_cancel_pending, DOUBLE);
+}
 /* realloc of a freed large block: its chunk still holds its header */
 static void do_realloc_freed_large(int fd) {
   char *p = malloc(1 << 20);

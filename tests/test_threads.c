@@ -422,6 +422,45 @@ TEST_T(fork_after_threads_exit_leaving_blocks, 60) {
   CHECK(atomic_load(&g_bad) == 0);
 }
 
+/* ---------- cancellation ---------- */
+
+/* A thread whose cancel is pending, the cancel sent while it could not act. */
+static atomic_int g_cancel_sent;
+static void wait_for_pending_cancel(void) {
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+  while (!atomic_load(&g_cancel_sent)) sched_yield();
+  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+}
+static atomic_int g_first_large_got;
+static void *first_large_block(void *arg) {
+  wait_for_pending_cancel();
+  void *p = malloc(1 << 20);
+  atomic_store(&g_first_large_got, p != NULL);
+  free(p);
+  pthread_testcancel();
+  return NULL;
+}
+
+/* The process's first large block (this test's child has made none before)
+ * reads /proc under the large tier's lock, and open and read are
+ * cancellation points: the thread must leave malloc
+ * with its block, and be cancelled at its next cancellation point, not
+ * unwind out of malloc with the lock held (every later large malloc then
+ * waits for ever). */
+TEST_T(a_cancel_pending_does_not_unwind_a_thread_out_of_malloc, 20) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, first_large_block, NULL) == 0);
+  REQUIRE(pthread_cancel(t) == 0);
+  atomic_store(&g_cancel_sent, 1);
+  void *result = NULL;
+  REQUIRE(pthread_join(t, &result) == 0);
+  CHECK_MSG(result == PTHREAD_CANCELED, "the thread was not cancelled");
+  CHECK_MSG(atomic_load(&g_first_large_got), "the thread left malloc without its block");
+  void *p = malloc(1 << 20); /* waits for ever if the lock was left held */
+  CHECK(p != NULL);
+  free(p);
+}
+
 /* ---------- the process ends with its last thread ---------- */
 
 static int g_exit_pipe = -1;
