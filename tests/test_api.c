@@ -603,4 +603,39 @@ TEST(freed_large_blocks_are_returned_or_reused) {
   CHECK_MSG(end < 256 * 1024, "VmRSS grew by %ld KiB", end);
 }
 
+/* free leaves errno alone (POSIX.1-2024), and so does a call that
+ * succeeds: through every tier, with large blocks given back to the OS on
+ * the way (64 MiB ones, more than the cache keeps). */
+TEST(free_and_successful_calls_leave_errno_alone) {
+  static void *slot[64];
+  unsigned s = 12345;
+  long changed = 0;
+  for (int i = 0; i < 20000; i++) {
+    s = s * 1103515245u + 12345u;
+    unsigned k = (s >> 8) % 64;
+    size_t size = (s >> 20) % 4 == 0 ? (size_t)1 << ((s >> 12) % 27) : 16 + (s >> 16) % 2000;
+    errno = EXDEV;
+    const char *call;
+    if (slot[k] == NULL) {
+      call = (s >> 4) % 3 == 0 ? "calloc" : (s >> 4) % 3 == 1 ? "malloc" : "aligned_alloc";
+      slot[k] = call[0] == 'c' ? calloc(1, size) : call[0] == 'm' ? malloc(size) : aligned_alloc(4096, size);
+      REQUIRE(slot[k] != NULL);
+    } else if ((s >> 3) % 3 == 0) {
+      call = "realloc";
+      REQUIRE((slot[k] = realloc(slot[k], size)) != NULL);
+    } else {
+      call = "free";
+      free(slot[k]);
+      slot[k] = NULL;
+    }
+    if (errno != EXDEV && changed++ == 0) fprintf(stderr, "    %s at step %d set errno %d\n", call, i, errno);
+  }
+  for (int k = 0; k < 64; k++) {
+    errno = EXDEV;
+    free(slot[k]);
+    if (errno != EXDEV) changed++;
+  }
+  CHECK_MSG(changed == 0, "%ld calls changed errno", changed);
+}
+
 TEST_MAIN("api")
