@@ -898,6 +898,16 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
   return got;
 }
 
+/* Blocks a fill of span class c takes: one the first time, so that a
+ * thread that uses a class once (a pool of a thousand threads, each with
+ * a buffer of 8 KiB) does not write the first page of a batch of blocks. */
+static unsigned fill_size(hak_heap_t *heap, size_t c) {
+  uint64_t bit = UINT64_C(1) << c;
+  bool first = !(heap->span_filled & bit);
+  heap->span_filled |= bit;
+  return first ? 1 : batch_of(HAK_SLAB_CLASSES + c);
+}
+
 void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
   if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
@@ -920,11 +930,11 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
     cache_set(heap, cls, batch, false);
-  } else if (cache_fill(heap, cls, batch_of(cls)) == 0) {
+  } else if (cache_fill(heap, cls, fill_size(heap, c)) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again. */
     hak_release_all();
-    cache_fill(heap, cls, batch_of(cls));
+    cache_fill(heap, cls, 1);
   } else if (heap->clean[cls] && caches_bytes(heap) > TRIM_FRESH_BYTES) {
     trim_unused(heap);
   }

@@ -1638,6 +1638,30 @@ TEST(span_cache_grows_when_it_overflowed_and_ran_dry) {
   for (int i = 0; i < N; i++) free(ps[i]);
 }
 
+/* A heap's first fill of a span class takes the block asked for alone; the
+ * next takes a batch. A pool of a thousand threads, each with a buffer of
+ * 8 KiB, wrote the first page of 8 blocks in each. */
+static void *first_fills(void *arg) {
+  size_t cls = hak_size_class(8000);
+  unsigned *held = arg;
+  void *a = malloc(8000);
+  held[0] = (unsigned)cache_len(cls);
+  void *b = malloc(8000);
+  held[1] = (unsigned)cache_len(cls);
+  free(a);
+  free(b);
+  return NULL;
+}
+TEST(a_heaps_first_fill_of_a_span_class_takes_one_block) {
+  unsigned held[2];
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, first_fills, held) == 0);
+  pthread_join(t, NULL);
+  size_t batch = (64 << 10) / hak_class_size[hak_size_class(8000)]; /* span.c's BATCH_BYTES */
+  CHECK_MSG(held[0] == 0, "the first fill left %u blocks cached", held[0]);
+  CHECK_MSG(held[1] == batch - 1, "the second left %u, want %zu", held[1], batch - 1);
+}
+
 /* Gives every span cache of this thread back to the page heap. */
 static void flush_span_caches(void) { hak_span_flush(hak_tls_heap); }
 
