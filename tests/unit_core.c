@@ -1665,6 +1665,14 @@ TEST(a_heaps_first_fill_of_a_span_class_takes_one_block) {
 /* Gives every span cache of this thread back to the page heap. */
 static void flush_span_caches(void) { hak_span_flush(hak_tls_heap); }
 
+/* Every span fill of this thread's heap takes a batch from here on, as all
+ * but a heap's first fill of a class do: for tests of where the blocks of
+ * a batch lie and how caches fill. */
+static void fill_span_batches(void) {
+  free(malloc(16)); /* the thread has its heap */
+  hak_tls_heap->span_filled = ~UINT64_C(0);
+}
+
 /* Polls cond every 10 ms for up to 3 s: a span run freed while the program
  * grows (as a test's own allocations make it) waits HAK_GROWTH_WAIT purge
  * delays, not one. */
@@ -1861,6 +1869,7 @@ TEST(span_realloc_grows_and_shrinks_in_place) {
 TEST(span_realloc_grows_into_new_pages_only_when_no_used_run_fits) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
+  fill_span_batches();
   hak_release_all();
   uint8_t *x = malloc(60000), *g1 = malloc(20000), *g2 = malloc(20000), *a = malloc(20000);
   REQUIRE(x && g1 && g2 && a && g1 == x + 65536 && g2 == g1 + 20480 && a == g2 + 20480);
@@ -2070,6 +2079,7 @@ TEST(short_free_span_runs_wait_for_their_neighbours) {
   hak_opt.purge_delay_ms = 20;
   start_purger();
   flush_span_caches();
+  fill_span_batches();
   hak_release_all(); /* no other free run to merge with */
   char *a = malloc(20000), *b = malloc(20000), *c = malloc(20000), *d = malloc(131072),
        *e = malloc(20000);
@@ -2507,6 +2517,7 @@ TEST(a_trim_gives_back_what_a_cache_did_not_use) {
   size_t dry = hak_size_class(8000), idle = hak_size_class(12000), c = idle - HAK_SLAB_CLASSES;
   void *d[DRY], *u[IDLE];
   flush_span_caches();
+  fill_span_batches();
   for (int i = 0; i < DRY; i++) REQUIRE((d[i] = malloc(8000)) != NULL);
   for (int i = 0; i < IDLE; i++) REQUIRE((u[i] = malloc(12000)) != NULL);
   for (int i = 0; i < DRY; i++) free(d[i]);
