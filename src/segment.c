@@ -334,8 +334,19 @@ void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab, bool keep) {
 
 /* ---- acquiring segments and slabs ---- */
 
-/* A reused segment keeps track of which units are still committed. */
-static void segment_init(hak_segment_t *seg, bool fresh) {
+/* A reused segment keeps track of which units are still committed. A new
+ * one whose header pages are zero has only its unit table written: a zero
+ * descriptor is a FREE slab of nobody's with no block (units_take sets the
+ * rest), so that a thread with a few slabs touches the header's first page
+ * alone, not the 8 KiB of the 64 descriptors. */
+static void segment_init(hak_segment_t *seg, bool fresh, bool header_zero) {
+  if (header_zero) {
+    seg->map_size = HAK_SEG_SIZE;
+    seg->free_units = seg->zero_units = ALL_UNITS;
+    for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
+      seg->unit[u] = (hak_unit_t){&seg->slabs[u], &seg->slabs[u].local_free};
+    return;
+  }
   uint64_t zero = fresh ? ALL_UNITS : seg->zero_units;
   uint64_t purged = fresh ? 0 : seg->purged_units;
   uint64_t now = hak_clock_ms();
@@ -407,7 +418,7 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged) {
   hak_segmap_set(seg, HAK_SEGMAP_SLABS);
   seg->zero_units = zero ? ALL_UNITS : 0;
   seg->purged_units = purged ? ALL_UNITS : 0;
-  segment_init(seg, false);
+  segment_init(seg, false, false);
   cache_put(seg);
 }
 
@@ -467,6 +478,7 @@ static hak_slab_t *units_take(hak_heap_t *heap, hak_segment_t *seg, unsigned fir
     heap_list_place(heap, seg);
   }
   for (unsigned u = first; u < first + n; u++) seg->unit[u] = (hak_unit_t){s, &s->local_free};
+  s->index = (uint8_t)first;
   s->units = (uint8_t)n;
   if (!s->zero && hak_opt.purge_delay_ms != 0) {
     s->dirty_since_ms = hak_clock_ms();
@@ -566,7 +578,7 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
   seg = segment_get(&fresh);
   if (seg == NULL) return NULL;
   uint64_t moved = fresh && heap->segments != NULL ? take_arena_pages(seg) : 0;
-  segment_init(seg, fresh);
+  segment_init(seg, fresh, fresh && !(moved & 1));
   heap_link(heap, seg);
   if (moved) { /* free units whose pages are committed: the first taken */
     seg->zero_units &= ~moved;

@@ -1513,6 +1513,35 @@ TEST(segments_with_free_units_come_first) {
   CHECK(hak_segment_of(q) == seg);
 }
 
+/* A new segment's header is written on its first page alone (the unit
+ * table) until slabs take units: a thread with a few slabs does not make
+ * the 8 KiB of the 64 descriptors resident. */
+static void *first_small_blocks(void *arg) {
+  void **out = arg;
+  size_t segments = atomic_load(&hak_gstats.segments);
+  for (int i = 0; i < 3; i++) out[i] = malloc((size_t)16 << (4 * i)); /* 16, 256, 4096 B */
+  out[3] = (void *)(atomic_load(&hak_gstats.segments) - segments);
+  return NULL;
+}
+TEST(a_new_segment_makes_the_first_page_of_its_header_resident_alone) {
+  hak_opt.segment_cache = 0; /* new segments are fresh ones */
+  hak_release_all();
+  void *out[4];
+  run_thread(first_small_blocks, out);
+  REQUIRE(out[0] && out[1] && out[2] && out[3] == (void *)1); /* one new segment */
+  hak_segment_t *seg = hak_segment_of(out[0]);
+  int resident = resident_pages(seg, HAK_SEG_HEADER);
+  CHECK_MSG(resident == 1, "%d of the header's %zu pages resident", resident, HAK_SEG_HEADER / 4096);
+  for (int i = 0; i < 3; i++) {
+    hak_slab_t *slab = slab_of_ptr(out[i]);
+    CHECK(hak_segment_of(out[i]) == seg);
+    CHECK_MSG(slab->index == (uintptr_t)(slab - seg->slabs), "slab of unit %td says %u",
+              slab - seg->slabs, slab->index);
+    CHECK(hak_slab_state(slab) != HAK_SLAB_FREE && slab->units >= 1);
+    free(out[i]);
+  }
+}
+
 /* A class that filled a slab is busy: its next slabs hold at least
  * HAK_BUSY_BLOCKS blocks and are twice as long as the slab it filled last,
  * so more of its frees go to the attached slab. Returns the units of the
