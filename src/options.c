@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <stdarg.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -64,7 +65,11 @@ void hak_options_load(void) {
 #undef HAK_OPT_SLOT
   };
   const size_t nslots = sizeof slots / sizeof slots[0];
-  if (environ == NULL) return;
+  /* A program that runs with more privileges than its caller (set-user-ID
+   * or set-group-ID, or file capabilities) keeps the defaults: the caller
+   * sets the environment, and HAKMEM_STATS_FILE would have the program
+   * write any file it may. */
+  if (environ == NULL || getauxval(AT_SECURE)) return;
   /* The profile first, so explicit variables override its presets. */
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "HAKMEM_PROFILE=", 15) != 0) continue;

@@ -2,8 +2,9 @@
 # The other builds under the same workloads: the C suites and two
 # cross-thread benchmarks run with build/secure (hardened) and build/stats
 # (exact counters) preloaded over the linked release library, and the
-# release archive linked statically into a program. Each suite's lines are
-# renamed <build>.<suite>.<test>.
+# release archive linked statically into a program, which also runs
+# set-user-ID for another user. Each suite's lines are renamed
+# <build>.<suite>.<test>.
 set -u
 SUITE=builds
 . "$(dirname "$0")/lib.sh"
@@ -55,6 +56,32 @@ if out=$(${CC:-cc} -O2 -I"$ROOT/include" -o "$B/tests/static_link" "$B/tests/sta
 else
   bad release.static_link "$out"
 fi
+# The same program set-user-ID root, run by nobody: its HAKMEM_* variables
+# are the caller's and are ignored, or HAKMEM_STATS_FILE would overwrite a
+# file only root may write. Needs root, setpriv (util-linux) and a file
+# system that honours the set-user-ID bit.
+setuid_check=release.setuid_program_ignores_the_environment
+d=$(mktemp -d)
+if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null ||
+    findmnt -no OPTIONS -T "$d" 2>/dev/null | grep -qw nosuid; then
+  bad $setuid_check "cannot run: needs root, setpriv and a file system without nosuid ($d)"
+else
+  chmod 755 "$d" && cp "$B/tests/static_link" "$d/suid" && chmod 4755 "$d/suid"
+  printf 'kept\n' > "$d/victim" && chmod 600 "$d/victim"
+  (cd "$d" && env -u LD_PRELOAD HAKMEM_STATS=1 HAKMEM_STATS_FILE="$d/written" ./suid >/dev/null 2>&1)
+  out=$(cd "$d" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+    env -u LD_PRELOAD HAKMEM_STATS=1 HAKMEM_STATS_FILE="$d/victim" ./suid 2>&1)
+  if [ ! -s "$d/written" ]; then
+    bad $setuid_check "run by root, the program wrote no statistics file"
+  elif ! grep -qE '^[0-9]+ [0-9]+ [0-9]+$' <<< "$out"; then
+    bad $setuid_check "run by nobody, the program did not run: $out"
+  elif [ "$(cat "$d/victim")" != kept ]; then
+    bad $setuid_check "run by nobody, it wrote root's file: $(head -c 80 "$d/victim")"
+  else
+    ok $setuid_check "root's file kept; run by root, it wrote its statistics"
+  fi
+fi
+rm -rf "$d"
 for build in secure stats; do
   for cmd in "larson 2 8 128 1000 20000 5" "xmalloc 2 2 20000 50"; do
     if out=$(LD_PRELOAD="$B/$build/libhakmem.so" timeout 120 $B/bench/$cmd 2>&1) &&
