@@ -932,7 +932,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
     cache_set(heap, cls, batch, false);
   } else if (cache_fill(heap, cls, fill_size(heap, c)) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
-     * or for the purger's unmap, and look again. */
+     * or for the purger's unmap, and look again for the one block. */
     hak_release_all();
     cache_fill(heap, cls, 1);
   } else if (heap->clean[cls] && caches_bytes(heap) > TRIM_FRESH_BYTES) {

@@ -332,7 +332,7 @@ static void do_double_free_span(int fd) {
 static atomic_int cancel_sent;
 static void *double_free_with_cancel_pending(void *arg) {
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-  char *keep = malloc(32), *p = malloc(32);
+  char *keep = malloc(32), *p = malloc(32); /* keep: the slab stays in use */
   REQUIRE(p && keep);
   announce((int)(intptr_t)arg, p);
   free(p);

@@ -1,6 +1,6 @@
 /* Thread lifecycle: thread churn with blocks outliving their thread, threads
- * exiting with live blocks, TSD destructors that allocate, and fork() while
- * other threads allocate. */
+ * exiting with live blocks, TSD destructors that allocate, fork() while
+ * other threads allocate, and cancellation. */
 #define _GNU_SOURCE
 #include "harness.h"
 
@@ -443,10 +443,9 @@ static void *first_large_block(void *arg) {
 
 /* The process's first large block (this test's child has made none before)
  * reads /proc under the large tier's lock, and open and read are
- * cancellation points: the thread must leave malloc
- * with its block, and be cancelled at its next cancellation point, not
- * unwind out of malloc with the lock held (every later large malloc then
- * waits for ever). */
+ * cancellation points: the thread must leave malloc with its block and be
+ * cancelled at its next cancellation point, not unwind out of malloc with
+ * the lock held (every later large malloc then waits for ever). */
 TEST_T(a_cancel_pending_does_not_unwind_a_thread_out_of_malloc, 20) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, first_large_block, NULL) == 0);
