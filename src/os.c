@@ -113,18 +113,24 @@ static void count_returned(size_t size) {
   HAK_STAT_SUB(committed, size);
 }
 
-void hak_os_purge(void *p, size_t size) {
-  if (size == 0) return;
-  madvise(p, size, MADV_DONTNEED);
-  count_returned(size);
-}
-
 /* [p, p + size) mapped again, empty; false (errno kept) if refused. */
 static bool map_empty(void *p, size_t size, int prot, int flags) {
   int saved = errno;
   bool done = mmap(p, size, prot, flags | MAP_FIXED, -1, 0) != MAP_FAILED;
   errno = saved;
   return done;
+}
+
+/* The range reads zero after it, which callers count on (calloc): madvise
+ * refuses pages the program locked (mlockall) and may be filtered out, so
+ * then the range is mapped again empty, or else written with zeros. */
+void hak_os_purge(void *p, size_t size) {
+  if (size == 0) return;
+  int saved = errno;
+  if (madvise(p, size, MADV_DONTNEED) != 0 && !map_empty(p, size, PROT_READ | PROT_WRITE, MAP_FLAGS))
+    memset(p, 0, size);
+  errno = saved;
+  count_returned(size);
 }
 
 bool hak_os_uncommit(void *p, size_t size) { return map_empty(p, size, PROT_NONE, MAP_FLAGS); }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* ---------- malloc / free ---------- */
@@ -636,6 +637,34 @@ TEST(free_and_successful_calls_leave_errno_alone) {
     if (errno != EXDEV) changed++;
   }
   CHECK_MSG(changed == 0, "%ld calls changed errno", changed);
+}
+
+/* Pages the program locked (mlockall) refuse madvise's purge: blocks freed
+ * in them and purged after the delay (100 ms) must still come back from
+ * calloc as zeros. Needs CAP_IPC_LOCK or a locked-memory limit above the
+ * process's size. */
+TEST(calloc_is_zero_in_memory_the_program_locked) {
+  enum { N = 200, SIZE = 20000 };
+  static unsigned char *p[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((p[i] = malloc(SIZE)) != NULL);
+    memset(p[i], 0xAB, SIZE);
+  }
+  REQUIRE(mlockall(MCL_CURRENT) == 0);
+  for (int i = 0; i < N; i++) free(p[i]);
+  usleep(300000);
+  int dirty = 0;
+  for (int i = 0; i < N; i++) {
+    unsigned char *q = calloc(1, SIZE);
+    REQUIRE(q != NULL);
+    for (size_t j = 0; j < SIZE; j++)
+      if (q[j] != 0) {
+        dirty++;
+        break;
+      }
+  }
+  munlockall();
+  CHECK_MSG(dirty == 0, "%d of %d calloc'd blocks not zero", dirty, N);
 }
 
 TEST_MAIN("api")
