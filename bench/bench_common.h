@@ -72,9 +72,9 @@ static inline uint32_t bench_seed(uint64_t s) {
   return x ? x : 0x9E3779B9u;
 }
 
-/* Value of a "VmRSS:"-style line of /proc/self/status, in KiB (-1 if absent). */
-static inline long bench_status_kib(const char *key) {
-  FILE *f = fopen("/proc/self/status", "r");
+/* Value of a "Key:   N kB" line of a /proc file, in KiB (-1 if absent). */
+static inline long bench_proc_kib(const char *path, const char *key) {
+  FILE *f = fopen(path, "r");
   if (!f) return -1;
   char line[256];
   long v = -1;
@@ -88,6 +88,8 @@ static inline long bench_status_kib(const char *key) {
   fclose(f);
   return v;
 }
+/* A "VmRSS:"-style line of /proc/self/status. */
+static inline long bench_status_kib(const char *key) { return bench_proc_kib("/proc/self/status", key); }
 
 static inline long bench_arg(int argc, char **argv, int i, long def) {
   return argc > i ? strtol(argv[i], NULL, 0) : def;

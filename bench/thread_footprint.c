@@ -39,17 +39,6 @@ static void *bench_work(void *arg) {
   return NULL;
 }
 
-static long rollup_rss_kib(void) {
-  FILE *f = fopen("/proc/self/smaps_rollup", "r");
-  if (!f) return -1;
-  char line[256];
-  long v = -1;
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, "Rss:", 4) == 0) v = strtol(line + 4, NULL, 10);
-  fclose(f);
-  return v;
-}
-
 int main(int argc, char **argv) {
   if (bench_want_help(argc, argv, usage)) return 0;
   long threads = bench_arg(argc, argv, 1, 1000);
@@ -65,11 +54,11 @@ int main(int argc, char **argv) {
   pthread_barrier_init(&holding, NULL, (unsigned)threads + 1);
   pthread_barrier_init(&measured, NULL, (unsigned)threads + 1);
   pthread_t *t = bench_xalloc((size_t)threads * sizeof *t);
-  long start = rollup_rss_kib();
+  long start = bench_proc_kib("/proc/self/smaps_rollup", "Rss");
   for (long i = 0; i < threads; i++)
     if (pthread_create(&t[i], &attr, bench_work, NULL) != 0) bench_die("pthread_create failed");
   pthread_barrier_wait(&holding);
-  long held = rollup_rss_kib();
+  long held = bench_proc_kib("/proc/self/smaps_rollup", "Rss");
   pthread_barrier_wait(&measured);
   for (long i = 0; i < threads; i++) pthread_join(t[i], NULL);
   bench_xfree(t, (size_t)threads * sizeof *t);

@@ -657,11 +657,7 @@ TEST(calloc_is_zero_in_memory_the_program_locked) {
   for (int i = 0; i < N; i++) {
     unsigned char *q = calloc(1, SIZE);
     REQUIRE(q != NULL);
-    for (size_t j = 0; j < SIZE; j++)
-      if (q[j] != 0) {
-        dirty++;
-        break;
-      }
+    dirty += first_nonzero(q, SIZE) != SIZE;
   }
   munlockall();
   CHECK_MSG(dirty == 0, "%d of %d calloc'd blocks not zero", dirty, N);

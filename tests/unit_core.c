@@ -1683,9 +1683,7 @@ static void *first_fills(void *arg) {
 }
 TEST(a_heaps_first_fill_of_a_span_class_takes_one_block) {
   unsigned held[2];
-  pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, first_fills, held) == 0);
-  pthread_join(t, NULL);
+  run_thread(first_fills, held);
   size_t batch = (64 << 10) / hak_class_size[hak_size_class(8000)]; /* span.c's BATCH_BYTES */
   CHECK_MSG(held[0] == 0, "the first fill left %u blocks cached", held[0]);
   CHECK_MSG(held[1] == batch - 1, "the second left %u, want %zu", held[1], batch - 1);
