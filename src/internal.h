@@ -67,6 +67,8 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
+/* As hak_os_purge, without counting it: [p, p + size) reads zero after. */
+void hak_os_empty(void *p, size_t size);
 /* Transparent huge pages. Where the kernel backs every aligned 2 MiB it
  * can with one (enabled=always, its own default), a page written was 2 MiB
  * of RSS (random_mixed 2M: 5.7 MiB against 2.0, mimalloc 3.6) and a purge
@@ -85,9 +87,9 @@ bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_A
  * fault each (here 1.5 us a page against 2.0); nothing where it cannot. */
 void hak_os_populate(void *p, size_t size);
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
-/* Address space only (counted as mapped when used), aligned to align,
- * readable and writable or not accessible at all. NULL on failure. */
-void *hak_os_reserve(size_t size, size_t align, bool writable);
+/* Address space only, inaccessible (not charged, and not faulted in by
+ * mlockall), aligned to align; NULL on failure. */
+void *hak_os_reserve(size_t size, size_t align);
 /* Gives back a reservation no part of which was used. */
 void hak_os_unreserve(void *p, size_t size);
 /* Whether the kernel charges every writable private page against its
@@ -105,19 +107,18 @@ bool hak_os_uncommit(void *p, size_t size);
 /* Maps [p, p + size) again, zero and read-only, which is not charged;
  * false if the kernel refuses. */
 bool hak_os_read_only(void *p, size_t size);
-/* With inaccessible, hak_os_uncommit, else (or if that fails)
- * MADV_DONTNEED; either way the range no longer counts as mapped. True if
- * it is inaccessible now. */
-bool hak_os_decommit(void *p, size_t size, bool inaccessible);
+/* hak_os_uncommit, and the range no longer counts as mapped either way.
+ * False if refused: the range is as it was, for the caller to empty. */
+bool hak_os_decommit(void *p, size_t size);
 /* Moves size bytes of pages to target (replacing what is there) and maps
- * the old range again, empty (and inaccessible if asked); false (nothing
- * done) on failure. */
-bool hak_os_move(void *old, size_t size, void *target, bool inaccessible);
+ * the old range again, empty and inaccessible; false (nothing done) on
+ * failure. */
+bool hak_os_move(void *old, size_t size, void *target);
 /* The pages of a and b trade places, through scratch (reserved, unused,
  * mapped again empty as hak_os_move does): 2 if they did, 1 if a took b's
  * but its own could not go to b (left empty), 0 (nothing moved) if the
  * first move fails. */
-int hak_os_swap(void *a, void *b, void *scratch, size_t size, bool inaccessible);
+int hak_os_swap(void *a, void *b, void *scratch, size_t size);
 /* Bytes of [p, p + size) resident (mincore), at most 64 pages; size if
  * the kernel cannot tell. */
 size_t hak_os_resident(void *p, size_t size);
@@ -455,9 +456,10 @@ bool hak_large_kept_release(hak_heap_t *heap, bool force);
  * pages. None in builds with guard pages (the header's would go). */
 unsigned hak_large_donate_segment(void *seg);
 extern pthread_mutex_t hak_large_lock;
-/* Whether the arena makes its chunks accessible as blocks take them
- * (vm.overcommit_memory 2, hak_os_overcommit_never): 1 or 0 once the arena
- * is reserved, -1 before, which a test may set first. */
+/* Whether the arena makes its chunks accessible page by page as blocks
+ * use them (vm.overcommit_memory 2, hak_os_overcommit_never, which charges
+ * what is accessible), not whole: 1 or 0 once the arena is reserved, -1
+ * before, which a test may set first. */
 extern int hak_large_strict;
 
 /* ---- alloc.c / free.c ---- */

@@ -17,11 +17,12 @@
  * cannot hold (alignment above a chunk, or no room) gets a mapping of its
  * own, unmapped when freed.
  *
- * Where the kernel charges every writable page it maps against a limit
- * (vm.overcommit_memory 2), the reservation is inaccessible: a block's
- * chunks are made readable and writable as far as it uses them, a purge
- * makes them inaccessible again, which gives their charge back, and a
- * chunk moved away is left inaccessible. */
+ * The reservation is inaccessible, so that mlockall faults in only what
+ * blocks use: a block's chunks are made readable and writable, whole, or
+ * as far as it uses them where the kernel charges every writable page it
+ * maps against a limit (vm.overcommit_memory 2); a purge makes them
+ * inaccessible again, which gives their charge back, and a chunk moved
+ * away is left inaccessible. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -61,9 +62,10 @@ static _Alignas(HAK_PAGE_SIZE) struct {
   /* The links of dirt_bins and run_bins, below. */
   uint32_t dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
   uint32_t run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
-  /* Under hak_large_strict, the bytes from each chunk's start that are
-   * readable and writable: a page multiple, 0 for a purged chunk (unless
-   * the kernel refused the purge's new mapping: then it was only emptied). */
+  /* The bytes from each chunk's start that are readable and writable: a
+   * page multiple under hak_large_strict, else 0 or the chunk; 0 for a
+   * purged chunk (unless the kernel refused the purge's new mapping: then
+   * it was only emptied). */
   uint32_t accessible[ARENA_CHUNKS];
 } tab;
 _Static_assert(sizeof tab % HAK_PAGE_SIZE == 0, "tab is trimmed in whole pages");
@@ -251,12 +253,7 @@ static bool arena_init(void) {
     tab_read_only = false;
   }
   if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
-  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, !hak_large_strict);
-  /* refused read/write where the setting could not be read (no /proc): a
-   * strict limit, or no address space, which the second try tells apart */
-  if (a == NULL && !hak_large_strict &&
-      (a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE, false)) != NULL)
-    hak_large_strict = 1;
+  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
   if (a != NULL && !hak_segmap_open(a, ARENA_BYTES)) {
     /* the map's pages refused (a commit or data limit): a later call tries again */
     hak_os_unreserve(a, ARENA_BYTES);
@@ -452,8 +449,10 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
       chunk_forget(j);
       j++;
     }
-    if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT, hak_large_strict))
+    if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT))
       memset(&tab.accessible[i], 0, (j - i) * sizeof tab.accessible[0]);
+    else /* refused (at the limit of areas): emptied where accessible */
+      for (size_t k = i; k < j; k++) hak_os_empty(chunk_addr(k), tab.accessible[k]);
     i = j;
   }
   return dirty_bytes != 0;
@@ -518,12 +517,12 @@ static size_t donor_for(size_t need, size_t least) {
   return donor != SIZE_MAX && chunk_covers(donor, need) >= least ? donor : SIZE_MAX;
 }
 
-/* Under hak_large_strict, makes chunk k accessible for `need` bytes from
- * its start; false if the kernel refuses (its commit limit, or its limit
- * of areas). Else nothing (the table stays untouched). */
+/* Makes chunk k accessible for `need` bytes from its start (the whole
+ * chunk but under hak_large_strict: fewer calls, and the kernel merges
+ * whole chunks into one area); false if the kernel refuses (its commit
+ * limit, or its limit of areas). */
 static bool chunk_commit(size_t k, size_t need) {
-  if (!hak_large_strict) return true;
-  need = hak_page_up(need);
+  need = hak_large_strict ? hak_page_up(need) : GRAIN;
   if (need <= tab.accessible[k]) return true;
   if (!hak_os_commit(chunk_addr(k) + tab.accessible[k], need - tab.accessible[k])) return false;
   tab.accessible[k] = (uint32_t)need;
@@ -533,7 +532,6 @@ static bool chunk_commit(size_t k, size_t need) {
 /* Chunk to_chunk (SIZE_MAX: none) took chunk from's pages, which a move
  * left empty. */
 static void accessible_moved(size_t from, size_t to_chunk) {
-  if (!hak_large_strict) return; /* the table stays untouched */
   if (to_chunk != SIZE_MAX) tab.accessible[to_chunk] = tab.accessible[from];
   tab.accessible[from] = 0;
 }
@@ -541,7 +539,7 @@ static void accessible_moved(size_t from, size_t to_chunk) {
 /* Moves chunk from's pages to `to` (chunk to_chunk's address, or a
  * segment's when to_chunk is SIZE_MAX); from is left empty. */
 static bool chunk_move(size_t from, void *to, size_t to_chunk) {
-  if (!hak_os_move(chunk_addr(from), GRAIN, to, hak_large_strict)) return false;
+  if (!hak_os_move(chunk_addr(from), GRAIN, to)) return false;
   accessible_moved(from, to_chunk);
   return true;
 }
@@ -560,8 +558,7 @@ static void chunk_fill(size_t k, size_t need) {
   size_t mine = tab.dirt[k];
   if (!chunk_commit(donor, need)) return; /* k takes its pages as far as they are accessible */
   int swapped = mine >= DONATE_MIN && high < ARENA_CHUNKS
-                    ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN,
-                                  hak_large_strict)
+                    ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN)
                     : 0;
   if (swapped == 2) {
     tab.dirt[k] = tab.dirt[donor];
@@ -571,11 +568,9 @@ static void chunk_fill(size_t k, size_t need) {
     dirty_add(mine, true);
     chunk_bin_add(donor);
     tab.head_mark[donor] = 0;
-    if (hak_large_strict) {
-      uint32_t own = tab.accessible[k];
-      tab.accessible[k] = tab.accessible[donor];
-      tab.accessible[donor] = own;
-    }
+    uint32_t own = tab.accessible[k];
+    tab.accessible[k] = tab.accessible[donor];
+    tab.accessible[donor] = own;
     return;
   }
   /* else the donor is left all zero */
@@ -608,13 +603,11 @@ unsigned hak_large_donate_segment(void *seg) {
   return moved;
 }
 
-/* Under hak_large_strict, makes what a block of map_size bytes at chunk i
- * uses of its chunks from `from` on accessible (each chunk whole if asked,
- * as block_fill); false if the kernel refuses (its commit limit, or its
- * limit of areas), with the free chunks there that are not dirty made
- * inaccessible again. */
+/* Makes what a block of map_size bytes at chunk i uses of its chunks
+ * from `from` on accessible (each chunk whole if asked, as block_fill);
+ * false if the kernel refuses (its commit limit, or its limit of areas),
+ * with the free chunks there that are not dirty made inaccessible again. */
 static bool block_commit(size_t i, size_t map_size, size_t offset, size_t from, bool whole) {
-  if (!hak_large_strict) return true;
   size_t end = i + chunks_of(map_size);
   for (size_t k = from; k < end; k++) {
     if (!chunk_commit(k, whole ? GRAIN : chunk_use(map_size, offset, k - i))) {

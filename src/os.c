@@ -92,9 +92,7 @@ void *hak_os_map_aligned(size_t size, size_t align) {
   return p;
 }
 
-void *hak_os_reserve(size_t size, size_t align, bool writable) {
-  return map_raw(size, align, writable ? PROT_READ | PROT_WRITE : PROT_NONE);
-}
+void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align, PROT_NONE); }
 void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
 
 bool hak_os_commit(void *p, size_t size) {
@@ -124,12 +122,16 @@ static bool map_empty(void *p, size_t size, int prot, int flags) {
 /* The range reads zero after it, which callers count on (calloc): madvise
  * refuses pages the program locked (mlockall) and may be filtered out, so
  * then the range is mapped again empty, or else written with zeros. */
-void hak_os_purge(void *p, size_t size) {
-  if (size == 0) return;
+void hak_os_empty(void *p, size_t size) {
   int saved = errno;
   if (madvise(p, size, MADV_DONTNEED) != 0 && !map_empty(p, size, PROT_READ | PROT_WRITE, MAP_FLAGS))
     memset(p, 0, size);
   errno = saved;
+}
+
+void hak_os_purge(void *p, size_t size) {
+  if (size == 0) return;
+  hak_os_empty(p, size);
   count_returned(size);
 }
 
@@ -141,10 +143,9 @@ bool hak_os_read_only(void *p, size_t size) {
   return map_empty(p, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS);
 }
 
-bool hak_os_decommit(void *p, size_t size, bool inaccessible) {
+bool hak_os_decommit(void *p, size_t size) {
   if (size == 0) return false;
-  bool done = inaccessible && hak_os_uncommit(p, size);
-  if (!done) madvise(p, size, MADV_DONTNEED);
+  bool done = hak_os_uncommit(p, size);
   count_returned(size);
   HAK_STAT_SUB(mapped, size);
   return done;
@@ -261,17 +262,16 @@ static bool move_fixed(void *old, size_t size, void *target) {
   return false;
 }
 
-/* A range a move left behind is mapped again, empty. */
-static void map_again(void *p, size_t size, bool inaccessible) {
-  if (mmap(p, size, inaccessible ? PROT_NONE : PROT_READ | PROT_WRITE, MAP_FLAGS | MAP_FIXED, -1,
-           0) == MAP_FAILED)
+/* A range a move left behind is mapped again, empty and inaccessible. */
+static void map_again(void *p, size_t size) {
+  if (mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED, -1, 0) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
   no_huge_pages_while_small(p, size);
 }
 
-bool hak_os_move(void *old, size_t size, void *target, bool inaccessible) {
+bool hak_os_move(void *old, size_t size, void *target) {
   if (!move_fixed(old, size, target)) return false;
-  map_again(old, size, inaccessible);
+  map_again(old, size);
   return true;
 }
 
@@ -283,20 +283,20 @@ size_t hak_os_resident(void *p, size_t size) {
   return in << HAK_PAGE_SHIFT;
 }
 
-int hak_os_swap(void *a, void *b, void *scratch, size_t size, bool inaccessible) {
+int hak_os_swap(void *a, void *b, void *scratch, size_t size) {
   if (!move_fixed(a, size, scratch)) return 0;
   if (!move_fixed(b, size, a)) {
     if (!move_fixed(scratch, size, a))
       hak_fatal("hakmem: mremap back to %p failed: errno %d", a, errno);
-    map_again(scratch, size, inaccessible);
+    map_again(scratch, size);
     return 0;
   }
   int traded = 2;
   if (!move_fixed(scratch, size, b)) { /* a's pages are dropped */
-    map_again(b, size, inaccessible);
+    map_again(b, size);
     traded = 1;
   }
-  map_again(scratch, size, inaccessible);
+  map_again(scratch, size);
   return traded;
 }
 

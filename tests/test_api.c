@@ -663,4 +663,29 @@ TEST(calloc_is_zero_in_memory_the_program_locked) {
   CHECK_MSG(dirty == 0, "%d of %d calloc'd blocks not zero", dirty, N);
 }
 
+/* A program that locks its memory (mlockall) gets what its blocks use
+ * faulted in and locked, not the large arena's whole reservation (64 GiB:
+ * the kernel killed it, or the timeout did). Needs CAP_IPC_LOCK or a
+ * locked-memory limit above the process's size. */
+TEST_T(a_program_that_locks_its_memory_gets_only_its_blocks_locked, 10) {
+  enum { N = 8, MIB = 1 << 20 };
+  static unsigned char *p[2 * N];
+  for (int i = 0; i < N; i++) { /* locked by MCL_CURRENT */
+    REQUIRE((p[i] = malloc(MIB)) != NULL);
+    memset(p[i], 1, MIB);
+  }
+  REQUIRE(mlockall(MCL_CURRENT | MCL_FUTURE) == 0);
+  long before = th_vm_rss_kib();
+  for (int i = N; i < 2 * N; i++) { /* locked by MCL_FUTURE */
+    REQUIRE((p[i] = malloc(i % 2 ? 300 << 10 : MIB)) != NULL);
+    p[i][0] = 1;
+  }
+  long grown = th_vm_rss_kib() - before;
+  for (int i = 0; i < 2 * N; i++) free(p[i]);
+  munlockall();
+  /* each block's chunks (2 MiB), and a thread's stack if one starts */
+  CHECK_MSG(before < 256 << 10 && grown < 64 << 10, "%ld KiB resident, then %ld KiB more",
+            before, grown);
+}
+
 TEST_MAIN("api")

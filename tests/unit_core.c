@@ -884,6 +884,24 @@ TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
   free(p);
 }
 
+/* The arena's reservation is inaccessible but for the chunks of blocks
+ * (whole chunks, but under strict overcommit): mlockall would otherwise
+ * fault in all 64 GiB of it. A purge makes the chunks inaccessible again. */
+TEST(the_arena_is_inaccessible_but_for_the_chunks_of_blocks) {
+  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  size_t size = 300 << 10;
+  uint8_t *a = malloc(size);
+  REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE);
+  memset(a, 1, size);
+  uint8_t *chunk = (uint8_t *)hak_large_header(a);
+  CHECK(page_accessible(chunk) && page_accessible(a + size - 1));
+  CHECK(page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE) == !hak_large_strict);
+  CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN)); /* the next chunk, unused */
+  free(a);
+  hak_collect(true);
+  CHECK(!page_accessible(chunk));
+}
+
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
  * what blocks use, and a purge or a move makes chunks inaccessible again. */
