@@ -35,9 +35,11 @@ HAK_FORK_HELD pthread_mutex_t hak_large_lock = PTHREAD_MUTEX_INITIALIZER;
 #define ARENA_BYTES ((size_t)1 << ARENA_SHIFT)
 #define ARENA_CHUNKS (ARENA_BYTES >> GRAIN_SHIFT)
 #define ARENA_MAX_BLOCK (ARENA_BYTES / 4)
+#define ARENA_MIN_CHUNKS 4 /* the least arena_reserve takes */
 
 static HAK_NEAR_DATA uint8_t *arena; /* NULL until the first large block */
 static HAK_NEAR_DATA bool arena_failed;
+static HAK_NEAR_DATA size_t arena_chunks; /* ARENA_CHUNKS, or fewer (arena_reserve) */
 /* The arena's tables by chunk, 1 MiB in one object. While the program
  * has no arena, the segment map's trim (segmap.c) maps its whole pages
  * read-only, which the kernel does not charge to the commit, and the
@@ -201,7 +203,7 @@ static size_t block_use(size_t bytes, size_t offset) {
 static size_t chunk_covers(size_t k, size_t need) { return tab.dirt[k] < need ? tab.dirt[k] : need; }
 static bool in_arena(const void *p) {
   return arena != NULL && (const uint8_t *)p >= arena &&
-         (const uint8_t *)p < arena + ARENA_BYTES;
+         (const uint8_t *)p < arena + (arena_chunks << GRAIN_SHIFT);
 }
 
 /* A mapping of its own at s is a segment the segment map calls slabs, so
@@ -233,8 +235,9 @@ static void header_init(hak_segment_t *s, size_t map_size, size_t offset, bool f
  * their first writes with a huge page: 2 MiB of RSS for a program's first
  * large block. The arena's first HAK_HUGE_PAGES_AFTER bytes refuse them
  * too if the program is small when it reserves the arena (internal.h). */
-static void no_huge_pages(uint8_t *a) {
-  if (hak_os_program_is_small()) hak_os_no_huge_pages(a, HAK_HUGE_PAGES_AFTER);
+static void no_huge_pages(uint8_t *a, size_t bytes) {
+  if (hak_os_program_is_small())
+    hak_os_no_huge_pages(a, bytes < HAK_HUGE_PAGES_AFTER ? bytes : HAK_HUGE_PAGES_AFTER);
   hak_os_no_huge_pages(&tab, sizeof tab);
 }
 
@@ -245,6 +248,23 @@ void hak_large_trim_tables(void) {
   pthread_mutex_unlock(&hak_large_lock);
 }
 
+/* ARENA_BYTES of address space; where that is refused (an address-space
+ * limit, RLIMIT_AS), a quarter of the most that can be had, so that the
+ * program's other mappings, and the blocks the arena cannot hold, find
+ * room: under a limit of 4 GB every large block took a mapping of its own
+ * (`large` at 0.1x tcmalloc's speed). NULL under ARENA_MIN_CHUNKS. */
+static uint8_t *arena_reserve(size_t *bytes) {
+  size_t size = ARENA_BYTES;
+  uint8_t *a;
+  while ((a = hak_os_reserve(size, HAK_SEG_SIZE)) == NULL)
+    if ((size /= 2) < ARENA_MIN_CHUNKS * GRAIN * 4) return NULL;
+  *bytes = size;
+  if (size == ARENA_BYTES) return a;
+  hak_os_unreserve(a, size);
+  *bytes = size / 4;
+  return hak_os_reserve(*bytes, HAK_SEG_SIZE);
+}
+
 static bool arena_init(void) {
   if (arena != NULL || arena_failed) return arena != NULL;
   /* refused (a commit or data limit): a later call tries again */
@@ -253,14 +273,16 @@ static bool arena_init(void) {
     tab_read_only = false;
   }
   if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
-  uint8_t *a = hak_os_reserve(ARENA_BYTES, HAK_SEG_SIZE);
-  if (a != NULL && !hak_segmap_open(a, ARENA_BYTES)) {
+  size_t bytes = 0;
+  uint8_t *a = arena_reserve(&bytes);
+  if (a != NULL && !hak_segmap_open(a, bytes)) {
     /* the map's pages refused (a commit or data limit): a later call tries again */
-    hak_os_unreserve(a, ARENA_BYTES);
+    hak_os_unreserve(a, bytes);
     return false;
   }
-  if (a != NULL) no_huge_pages(a);
+  if (a != NULL) no_huge_pages(a, bytes);
   arena_failed = a == NULL;
+  arena_chunks = bytes >> GRAIN_SHIFT;
   arena = a;
   return a != NULL;
 }
@@ -422,7 +444,7 @@ static size_t arena_find(size_t map_size, size_t offset, size_t *fresh) {
     }
   if (best.at == SIZE_MAX || left > 0) {
     size_t i = high > 0 && !bit_get(tab.used_bits, high - 1) ? run_start(high - 1) : high;
-    size_t end = high + n < ARENA_CHUNKS ? high + n : ARENA_CHUNKS;
+    size_t end = high + n < arena_chunks ? high + n : arena_chunks;
     if (left == 0) left = 1; /* runs too short took them all: one start here */
     place_in_run(&best, &w, i, end, SIZE_MAX, &left);
   }
@@ -557,7 +579,7 @@ static void chunk_fill(size_t k, size_t need) {
    * 64 slots: 71 of 230 MiB faulted in). */
   size_t mine = tab.dirt[k];
   if (!chunk_commit(donor, need)) return; /* k takes its pages as far as they are accessible */
-  int swapped = mine >= DONATE_MIN && high < ARENA_CHUNKS
+  int swapped = mine >= DONATE_MIN && high < arena_chunks
                     ? hak_os_swap(chunk_addr(k), chunk_addr(donor), chunk_addr(high), GRAIN)
                     : 0;
   if (swapped == 2) {
@@ -691,7 +713,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     arena_trim_locked();
     goto out;
   }
-  bool room = i + m <= ARENA_CHUNKS;
+  bool room = i + m <= arena_chunks;
   for (size_t k = i + n; room && k < i + m; k++) room = k >= high || !bit_get(tab.used_bits, k);
   size_t fresh_there, j = arena_find(new_map, offset, &fresh_there);
   if (room && (j == SIZE_MAX || grow_fresh_bytes(i, new_map, seg->map_size, offset) <=

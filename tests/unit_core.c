@@ -884,6 +884,31 @@ TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
   free(p);
 }
 
+/* Under an address-space limit that refuses the arena's 64 GiB, the arena
+ * is a quarter of what is left (between an eighth and a quarter), so that
+ * large blocks still come from it and the program's own mappings and the
+ * blocks it cannot hold still find room. */
+TEST(under_an_address_space_limit_the_arena_takes_a_quarter_of_what_is_left) {
+  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  size_t mib = 1 << 20;
+  struct rlimit old, lim;
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  lim = (struct rlimit){(size_t)th_proc_status("VmSize") * 1024 + 2048 * mib, old.rlim_max};
+  REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+  uint8_t *a = malloc(mib);
+  REQUIRE(a != NULL);
+  CHECK(hak_segmap_of(a) == HAK_SEGMAP_LARGE);
+  memset(a, 1, mib);
+  void *room = mmap(NULL, 1024 * mib, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  CHECK(room != MAP_FAILED);
+  if (room != MAP_FAILED) munmap(room, 1024 * mib);
+  uint8_t *big = malloc(600 * mib); /* more than the arena: a mapping of its own */
+  CHECK(big != NULL && hak_segmap_of(big) == HAK_SEGMAP_SLABS);
+  free(big);
+  free(a);
+  REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+}
+
 /* The arena's reservation is inaccessible but for the chunks of blocks
  * (whole chunks, but under strict overcommit): mlockall would otherwise
  * fault in all 64 GiB of it. A purge makes the chunks inaccessible again. */
@@ -1816,7 +1841,7 @@ TEST(thousands_of_free_runs_are_found_by_their_handles) {
  * delay, what comes back is purged at once: the blocks' pages, written by
  * free, do not add up to gigabytes. A page word names its record's chunk
  * in its bits 15 and up. */
-TEST(runs_whose_records_lie_past_the_first_64_chunks_are_walked_merged_and_go) {
+TEST_T(runs_whose_records_lie_past_the_first_64_chunks_are_walked_merged_and_go, 180) {
   hak_opt.purge_delay_ms = 0;
   free(malloc(8192)); /* the thread's heap, mapped at its first malloc */
   flush_span_caches();
