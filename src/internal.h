@@ -90,12 +90,22 @@ void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/
 /* Address space only, inaccessible (not charged, and not faulted in by
  * mlockall), aligned to align; NULL on failure. */
 void *hak_os_reserve(size_t size, size_t align);
+/* As hak_os_map_aligned, but only the first `accessible` bytes (a page
+ * multiple) readable and writable, the rest reserved (hak_os_commit). */
+void *hak_os_map_reserved(size_t size, size_t align, size_t accessible);
 /* Gives back a reservation no part of which was used. */
 void hak_os_unreserve(void *p, size_t size);
 /* Whether the kernel charges every writable private page against its
  * commit limit when it is mapped, touched or not (vm.overcommit_memory
  * 2): a reservation must then stay inaccessible until it is used. */
 bool hak_os_overcommit_never(void);
+/* hak_os_overcommit_never, read once: 1 or 0 once read, -1 before, which
+ * a test may set first. The arena reads it when it is reserved, the slab
+ * and span tiers at a new segment once the program has threads: a program
+ * of one thread does not pay the read at every start (bash's setlocale
+ * takes a span segment beside the first), and its segments are few. */
+extern _Atomic int hak_commit_strict;
+bool hak_os_commit_strict(void);
 /* Makes [p, p + size) of a reservation readable and writable, charged
  * against that limit; false (errno ENOMEM) if the limit refuses. */
 bool hak_os_commit(void *p, size_t size);
@@ -289,6 +299,9 @@ extern pthread_mutex_t hak_segment_lock;
  * ones) and gives them back: *zero, their memory past the header is zero;
  * *purged, none of it counts as committed. */
 hak_segment_t *hak_segment_take_empty(bool *zero, bool *purged);
+/* Makes seg readable and writable up to `end` bytes from its start (see
+ * reserved_from); false with ENOMEM if the commit limit refuses. */
+bool hak_segment_commit(hak_segment_t *seg, size_t end);
 void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
 
 /* ---- span.c: blocks of the span classes ---- */
@@ -456,11 +469,6 @@ bool hak_large_kept_release(hak_heap_t *heap, bool force);
  * pages. None in builds with guard pages (the header's would go). */
 unsigned hak_large_donate_segment(void *seg);
 extern pthread_mutex_t hak_large_lock;
-/* Whether the arena makes its chunks accessible page by page as blocks
- * use them (vm.overcommit_memory 2, hak_os_overcommit_never, which charges
- * what is accessible), not whole: 1 or 0 once the arena is reserved, -1
- * before, which a test may set first. */
-extern int hak_large_strict;
 
 /* ---- alloc.c / free.c ---- */
 HAK_NOINLINE void hak_free_generic(void *p);

@@ -65,7 +65,7 @@ static _Alignas(HAK_PAGE_SIZE) struct {
   uint32_t dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
   uint32_t run_next[ARENA_CHUNKS], run_prev[ARENA_CHUNKS];
   /* The bytes from each chunk's start that are readable and writable: a
-   * page multiple under hak_large_strict, else 0 or the chunk; 0 for a
+   * page multiple under hak_commit_strict, else 0 or the chunk; 0 for a
    * purged chunk (unless the kernel refused the purge's new mapping: then
    * it was only emptied). */
   uint32_t accessible[ARENA_CHUNKS];
@@ -96,7 +96,6 @@ _Static_assert(RUN_EXACT == 32 && RUN_BINS <= 64, "run_bin's classes, one word o
 static HAK_NEAR_DATA uint32_t run_head[RUN_BINS];
 static HAK_NEAR_DATA uint64_t run_nonempty[1];
 static const chunk_bins_t run_bins = {run_head, tab.run_next, tab.run_prev, run_nonempty};
-int hak_large_strict = -1;
 static HAK_NEAR_DATA size_t high; /* chunks [0, high) have been used */
 static HAK_NEAR_DATA size_t live_chunks; /* chunks of blocks */
 static HAK_NEAR_DATA size_t dirty_bytes;
@@ -272,7 +271,6 @@ static bool arena_init(void) {
     if (!hak_os_commit(&tab, sizeof tab)) return false;
     tab_read_only = false;
   }
-  if (hak_large_strict < 0) hak_large_strict = hak_os_overcommit_never();
   size_t bytes = 0;
   uint8_t *a = arena_reserve(&bytes);
   if (a != NULL && !hak_segmap_open(a, bytes)) {
@@ -540,11 +538,11 @@ static size_t donor_for(size_t need, size_t least) {
 }
 
 /* Makes chunk k accessible for `need` bytes from its start (the whole
- * chunk but under hak_large_strict: fewer calls, and the kernel merges
+ * chunk but under hak_commit_strict: fewer calls, and the kernel merges
  * whole chunks into one area); false if the kernel refuses (its commit
  * limit, or its limit of areas). */
 static bool chunk_commit(size_t k, size_t need) {
-  need = hak_large_strict ? hak_page_up(need) : GRAIN;
+  need = hak_os_commit_strict() ? hak_page_up(need) : GRAIN;
   if (need <= tab.accessible[k]) return true;
   if (!hak_os_commit(chunk_addr(k) + tab.accessible[k], need - tab.accessible[k])) return false;
   tab.accessible[k] = (uint32_t)need;

@@ -93,6 +93,18 @@ void *hak_os_map_aligned(size_t size, size_t align) {
 }
 
 void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align, PROT_NONE); }
+
+void *hak_os_map_reserved(size_t size, size_t align, size_t accessible) {
+  uint8_t *p = map_raw(size, align, PROT_NONE);
+  if (p == NULL) return NULL;
+  if (!hak_os_commit(p, accessible)) {
+    munmap(p, size);
+    return NULL;
+  }
+  no_huge_pages_while_small(p, size);
+  hak_stats_mapped(size, true);
+  return p;
+}
 void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
 
 bool hak_os_commit(void *p, size_t size) {
@@ -189,6 +201,17 @@ static bool proc_read(const char *path, char *buf, size_t size) {
 bool hak_os_overcommit_never(void) {
   char buf[8];
   return proc_read("/proc/sys/vm/overcommit_memory", buf, sizeof buf) && buf[0] == '2';
+}
+
+_Atomic int hak_commit_strict = -1;
+
+bool hak_os_commit_strict(void) {
+  int strict = atomic_load_explicit(&hak_commit_strict, memory_order_relaxed);
+  if (strict < 0) {
+    strict = hak_os_overcommit_never();
+    atomic_store_explicit(&hak_commit_strict, strict, memory_order_relaxed);
+  }
+  return strict;
 }
 
 /* A "Name:   123 kB" field of /proc/self/status, in bytes (0 if absent).

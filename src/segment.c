@@ -366,8 +366,12 @@ static void segment_init(hak_segment_t *seg, bool fresh, bool header_zero) {
 }
 
 static hak_segment_t *segment_new(void) {
-  hak_segment_t *seg = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
+  bool strict = atomic_load_explicit(&hak_commit_strict, memory_order_relaxed) > 0 ||
+                (!hak_single_threaded() && hak_os_commit_strict());
+  hak_segment_t *seg = strict ? hak_os_map_reserved(HAK_SEG_SIZE, HAK_SEG_SIZE, HAK_UNIT_SIZE)
+                              : hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
   if (seg == NULL) return NULL;
+  if (strict) seg->reserved_from = HAK_UNIT_SIZE;
   if (!hak_segmap_open(seg, HAK_SEG_SIZE)) {
     hak_os_unmap(seg, HAK_SEG_SIZE);
     return NULL;
@@ -418,7 +422,9 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged) {
   hak_segmap_set(seg, HAK_SEGMAP_SLABS);
   seg->zero_units = zero ? ALL_UNITS : 0;
   seg->purged_units = purged ? ALL_UNITS : 0;
+  uint32_t reserved_from = seg->reserved_from;
   segment_init(seg, false, false);
+  seg->reserved_from = reserved_from;
   cache_put(seg);
 }
 
@@ -464,8 +470,21 @@ static bool units_find(const hak_segment_t *seg, unsigned n, unsigned *at, int *
   return found;
 }
 
-/* Units first .. first + n - 1 of seg become a FREE slab. */
+bool hak_segment_commit(hak_segment_t *seg, size_t end) {
+  if (HAK_LIKELY(seg->reserved_from == 0 || end <= seg->reserved_from)) return true;
+  end = (end + HAK_UNIT_SIZE - 1) & ~(size_t)(HAK_UNIT_SIZE - 1);
+  if (!hak_os_commit((uint8_t *)seg + seg->reserved_from, end - seg->reserved_from)) {
+    errno = ENOMEM;
+    return false;
+  }
+  seg->reserved_from = end < HAK_SEG_SIZE ? (uint32_t)end : 0;
+  return true;
+}
+
+/* Units first .. first + n - 1 of seg become a FREE slab; NULL if their
+ * memory is refused (hak_segment_commit). */
 static hak_slab_t *units_take(hak_heap_t *heap, hak_segment_t *seg, unsigned first, unsigned n) {
+  if (!hak_segment_commit(seg, (size_t)(first + n) << HAK_UNIT_SHIFT)) return NULL;
   uint64_t run = units_mask(first, n);
   hak_slab_t *s = &seg->slabs[first];
   HAK_STAT_ADD(committed, units_bytes(seg->purged_units & run));
@@ -577,8 +596,10 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
   bool fresh;
   seg = segment_get(&fresh);
   if (seg == NULL) return NULL;
+  uint32_t reserved_from = seg->reserved_from; /* before pages of the arena replace the header */
   uint64_t moved = fresh && heap->segments != NULL ? take_arena_pages(seg) : 0;
   segment_init(seg, fresh, fresh && !(moved & 1));
+  seg->reserved_from = reserved_from;
   heap_link(heap, seg);
   if (moved) { /* free units whose pages are committed: the first taken */
     seg->zero_units &= ~moved;

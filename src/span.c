@@ -259,6 +259,7 @@ static hak_segment_t *segment_prepare(uint8_t *state, bool bulk) {
   hak_segment_t *seg = hak_segment_take_empty(&zero, &purged);
   if (seg == NULL) return NULL;
   *state = purged ? RUN_PURGED : zero ? RUN_ZERO : RUN_DIRTY;
+  uint32_t reserved_from = seg->reserved_from; /* before pages of the arena replace the header */
   if (bulk && *state != RUN_DIRTY && hak_large_donate_segment(seg) != 0) {
     /* one run: all of it counts as committed, as a dirty run's pages */
     if (purged)
@@ -266,6 +267,7 @@ static hak_segment_t *segment_prepare(uint8_t *state, bool bulk) {
     *state = RUN_DIRTY;
   }
   memset(seg, 0, offsetof(hak_segment_t, span) + sizeof seg->span); /* not slabs[]' pages */
+  seg->reserved_from = reserved_from;
   seg->kind = HAK_KIND_SPANS;
   seg->map_size = HAK_SEG_SIZE;
   for (unsigned u = 0; u < HAK_MAX_SLABS; u++)
@@ -342,12 +344,14 @@ static void run_take_front(run_t *r, unsigned n) {
 
 /* A block of class cls: the shortest committed run that fits, else the
  * shortest zero one. *clean tells whether its memory is zero. NULL when
- * there is no room. */
-static void *block_take(size_t cls, bool *clean) {
+ * there is no room, or (*refused) when its memory is refused. */
+static void *block_take(size_t cls, bool *clean, bool *refused) {
   unsigned n = class_pages(cls);
   run_t *r = bin_find(0, n);
   if (r == NULL) r = bin_find(1, n);
   if (r == NULL) return NULL;
+  *refused = !hak_segment_commit(r->seg, (size_t)(r->first + n) << HAK_PAGE_SHIFT);
+  if (*refused) return NULL;
   bin_remove(r);
   hak_segment_t *seg = r->seg;
   unsigned first = r->first;
@@ -872,10 +876,10 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
   unsigned got = 0;
   pthread_mutex_lock(&hak_span_lock);
   while (got < n) {
-    bool zero;
-    void *b = block_take(cls, &zero);
+    bool zero, refused = false;
+    void *b = block_take(cls, &zero, &refused);
     if (b == NULL) {
-      if (got > 0) break;
+      if (got > 0 || refused) break;
       bool bulk = pages_in_use_most >= HAK_SPAN_PAGES;
       pthread_mutex_unlock(&hak_span_lock);
       uint8_t state;

@@ -177,6 +177,12 @@ struct hak_segment_s {
   uint8_t fresh;        /* large: never handed out before (memory is zero) */
   uint8_t abandoned;    /* on the abandoned list (guarded by the segment lock) */
   uint8_t grown;        /* large: realloc grew it (it grows again) */
+  /* Slab and span segments: where the part not yet readable and writable
+   * starts, 0 if none is. Under strict overcommit (hak_os_commit_strict)
+   * a new segment of a program with threads is reserved, and made
+   * accessible unit by unit as slabs and blocks take them: every thread's
+   * segment was charged 4 MiB. */
+  uint32_t reserved_from;
   /* Slab segments, one bit per unit: FREE units; of those, the ones whose
    * memory is zero (never used, or purged), and the ones purged (returned
    * to the OS). A FREE unit's descriptor is slabs[unit], in state

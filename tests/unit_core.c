@@ -865,7 +865,7 @@ TEST(segment_map_is_read_only_from_a_fork_but_where_segments_need_it) {
  * fails the malloc with ENOMEM, but leaves the arena to be tried again:
  * with the limit raised, the next large block is the arena's. */
 TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
-  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
   free(malloc(64));
   struct rlimit old, lim;
   REQUIRE(getrlimit(RLIMIT_DATA, &old) == 0);
@@ -889,7 +889,7 @@ TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
  * large blocks still come from it and the program's own mappings and the
  * blocks it cannot hold still find room. */
 TEST(under_an_address_space_limit_the_arena_takes_a_quarter_of_what_is_left) {
-  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
   size_t mib = 1 << 20;
   struct rlimit old, lim;
   REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
@@ -913,29 +913,73 @@ TEST(under_an_address_space_limit_the_arena_takes_a_quarter_of_what_is_left) {
  * (whole chunks, but under strict overcommit): mlockall would otherwise
  * fault in all 64 GiB of it. A purge makes the chunks inaccessible again. */
 TEST(the_arena_is_inaccessible_but_for_the_chunks_of_blocks) {
-  REQUIRE(hak_large_strict == -1); /* no large block yet */
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
   size_t size = 300 << 10;
   uint8_t *a = malloc(size);
   REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE);
   memset(a, 1, size);
   uint8_t *chunk = (uint8_t *)hak_large_header(a);
   CHECK(page_accessible(chunk) && page_accessible(a + size - 1));
-  CHECK(page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE) == !hak_large_strict);
+  CHECK(page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE) == !hak_commit_strict);
   CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN)); /* the next chunk, unused */
   free(a);
   hak_collect(true);
   CHECK(!page_accessible(chunk));
 }
 
+/* Under strict overcommit every writable page a process maps is charged:
+ * a new slab or span segment is reserved and made accessible unit by unit
+ * as slabs and blocks take them, where every thread's segment took 4 MiB
+ * of the commit limit. */
+static void *fill_a_new_segment(void *arg) {
+  enum { N = 40000 }; /* 2.5 MiB of 64-byte blocks: most of a segment */
+  static uint8_t *ps[N];
+  ps[0] = malloc(64);
+  REQUIRE(ps[0] != NULL);
+  hak_segment_t *seg = hak_segment_of(ps[0]);
+  uint8_t *base = (uint8_t *)seg;
+  page_accessible(base); /* its own blocks (fopen's) take their slabs first */
+  size_t edge = seg->reserved_from;
+  CHECK_MSG(edge >= HAK_UNIT_SIZE && edge <= HAK_SEG_SIZE / 4, "accessible up to %zu", edge);
+  CHECK(page_accessible(base + edge - HAK_PAGE_SIZE) && !page_accessible(base + edge));
+  CHECK(!page_accessible(base + HAK_SEG_SIZE - HAK_PAGE_SIZE));
+  for (int i = 1; i < N; i++) {
+    REQUIRE((ps[i] = malloc(64)) != NULL);
+    memset(ps[i], 7, 64);
+  }
+  CHECK(hak_segment_of(ps[N - 1]) == seg && seg->reserved_from > edge);
+  CHECK(page_accessible(ps[N - 1]) && !page_accessible(base + HAK_SEG_SIZE - HAK_PAGE_SIZE));
+  for (int i = 0; i < N; i++) free(ps[i]);
+  return arg;
+}
+
+TEST(under_strict_overcommit_segments_become_accessible_as_they_are_used) {
+  hak_commit_strict = 1;
+  run_thread(fill_a_new_segment, NULL);
+  /* more than a segment of span blocks: the last ones are in a new one (a
+   * runtime's blocks may have made the first before the test) */
+  enum { N = 300, SIZE = 20000 };
+  static uint8_t *spans[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((spans[i] = malloc(SIZE)) != NULL && hak_segmap_of(spans[i]) == HAK_SEGMAP_SPANS);
+    memset(spans[i], 1, SIZE);
+  }
+  hak_segment_t *seg = hak_segment_of(spans[N - 1]);
+  CHECK(seg != hak_segment_of(spans[0]) && seg->reserved_from != 0);
+  CHECK(page_accessible(spans[N - 1] + SIZE - 1) &&
+        !page_accessible((uint8_t *)seg + HAK_SEG_SIZE - HAK_PAGE_SIZE));
+  for (int i = 0; i < N; i++) free(spans[i]);
+}
+
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
  * what blocks use, and a purge or a move makes chunks inaccessible again. */
 TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
-  REQUIRE(hak_large_strict == -1); /* no large block yet */
-  hak_large_strict = 1;
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
+  hak_commit_strict = 1;
   size_t kib = 1024, mib = 1024 * kib;
   uint8_t *a = malloc(300 * kib);
-  REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE && hak_large_strict == 1);
+  REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE && hak_commit_strict == 1);
   memset(a, 1, 300 * kib);
   uint8_t *chunk = (uint8_t *)hak_large_header(a);
   CHECK(page_accessible(chunk) && page_accessible(a + 300 * kib - 1));
@@ -2094,6 +2138,53 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
   CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached,
             "the arena still holds %zu of its %zu free committed bytes",
             atomic_load(&hak_gstats.large_cached), cached);
+  for (int i = 0; i < n; i++) free(ps[i]);
+  free(first);
+}
+
+/* A new segment that takes the arena's pages keeps its own reserved_from,
+ * not the word that lay there (in a block's body, any): one under 4 MiB
+ * made its units refused, and malloc failed with ENOMEM. */
+TEST(a_new_slab_segment_over_the_arenas_pages_keeps_its_bounds) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_opt.segment_cache = 0; /* new segments are fresh ones */
+  hak_release_all();
+  void *first = malloc(1000); /* the heap has a segment */
+  REQUIRE(first != NULL);
+  size_t half = HAK_LARGE_GRAIN / 2;
+  uint8_t *a = malloc(half), *b = malloc(half);
+  REQUIRE(a && b);
+  memset(a, 0xAB, half);
+  memset(b, 0xAB, half);
+  uint8_t *chunks[2] = {(uint8_t *)hak_large_header(a), (uint8_t *)hak_large_header(b)};
+  free(a);
+  free(b);
+  hak_large_kept_release(hak_tls_heap, true);
+  size_t cached = atomic_load(&hak_gstats.large_cached);
+  REQUIRE(cached >= 2 * half);
+  for (int k = 0; k < 2; k++) /* where a segment's reserved_from lies: a small word */
+    memcpy(chunks[k] + offsetof(hak_segment_t, reserved_from), &(uint32_t){1000}, 4);
+  enum { N = 5000 }; /* 1000 B each: more than a segment */
+  static uint8_t *ps[N];
+  size_t segments = atomic_load(&hak_gstats.segments);
+  int n = 0;
+  while (n < N && atomic_load(&hak_gstats.segments) == segments) {
+    REQUIRE((ps[n] = malloc(1000)) != NULL);
+    memset(ps[n++], 1, 1000);
+  }
+  REQUIRE(atomic_load(&hak_gstats.segments) == segments + 1); /* a new segment */
+  REQUIRE(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached); /* over the chunks */
+  /* the segment over them serves the blocks (a refusal would have made
+   * malloc take one more segment) */
+  hak_segment_t *seg = hak_segment_of(ps[n - 1]);
+  CHECK_MSG(seg->reserved_from % HAK_UNIT_SIZE == 0 && seg->zero_units == 0,
+            "reserved from %u, zero units %#llx",
+            seg->reserved_from, (unsigned long long)seg->zero_units);
+  for (int i = 0; i < 500 && n < N; i++) {
+    REQUIRE((ps[n] = malloc(1000)) != NULL);
+    memset(ps[n++], 1, 1000);
+  }
+  CHECK(hak_segment_of(ps[n - 1]) == seg && atomic_load(&hak_gstats.segments) == segments + 1);
   for (int i = 0; i < n; i++) free(ps[i]);
   free(first);
 }
