@@ -975,6 +975,8 @@ static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t 
       done = NO_ROOM;
     } else if (r->state != RUN_DIRTY && bin_find(0, m) != NULL) {
       done = ROOM_UNUSED;
+    } else if (!hak_segment_commit(seg, (size_t)(first + m) << HAK_PAGE_SHIFT)) {
+      done = NO_ROOM;
     } else {
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;

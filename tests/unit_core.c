@@ -968,6 +968,16 @@ TEST(under_strict_overcommit_segments_become_accessible_as_they_are_used) {
   CHECK(seg != hak_segment_of(spans[0]) && seg->reserved_from != 0);
   CHECK(page_accessible(spans[N - 1] + SIZE - 1) &&
         !page_accessible((uint8_t *)seg + HAK_SEG_SIZE - HAK_PAGE_SIZE));
+  /* grown in place, into the reserved pages after it (no committed run
+   * elsewhere, which it would take instead) */
+  hak_span_flush(hak_tls_heap);
+  hak_span_purge(true);
+  enum { GROWN = 200000 };
+  uint8_t *grown = realloc(spans[N - 1], GROWN);
+  REQUIRE(grown != NULL);
+  CHECK(grown == spans[N - 1] && grown[SIZE - 1] == 1);
+  memset(grown, 2, GROWN);
+  spans[N - 1] = grown;
   for (int i = 0; i < N; i++) free(spans[i]);
 }
 
