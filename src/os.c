@@ -95,7 +95,7 @@ void *hak_os_map_aligned(size_t size, size_t align) {
 void *hak_os_reserve(size_t size, size_t align) { return map_raw(size, align, PROT_NONE); }
 
 void *hak_os_map_reserved(size_t size, size_t align, size_t accessible) {
-  uint8_t *p = map_raw(size, align, PROT_NONE);
+  uint8_t *p = hak_os_reserve(size, align);
   if (p == NULL) return NULL;
   if (!hak_os_commit(p, accessible)) {
     munmap(p, size);
