@@ -2072,14 +2072,19 @@ TEST(free_span_runs_are_purged_after_delay) {
   free(guard);
 }
 
-/* Writes and frees two one-chunk blocks; returns the arena's free
- * committed bytes then, at least their two half chunks. */
-static size_t free_two_written_chunks(void) {
+/* Writes and frees two one-chunk blocks (their chunks in chunks[], if
+ * asked); returns the arena's free committed bytes then, at least their
+ * two half chunks. */
+static size_t free_two_written_chunks(uint8_t **chunks) {
   size_t half = HAK_LARGE_GRAIN / 2;
   uint8_t *a = malloc(half), *b = malloc(half);
   REQUIRE(a && b);
   memset(a, 0xAB, half);
   memset(b, 0xAB, half);
+  if (chunks) {
+    chunks[0] = (uint8_t *)hak_large_header(a);
+    chunks[1] = (uint8_t *)hak_large_header(b);
+  }
   free(a);
   free(b);
   hak_large_kept_release(hak_tls_heap, true);
@@ -2098,7 +2103,7 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
   hak_release_all(); /* no dirty span run left: the blocks below need new segments */
-  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks();
+  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(NULL);
   enum { N = 40, BLOCK = 262144 }; /* 10 MiB of the largest span class */
   static uint8_t *ps[N];
   int resident_at = -1;
@@ -2131,7 +2136,7 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
   REQUIRE(first != NULL);
-  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks();
+  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(NULL);
   enum { N = 5000 }; /* 1000 B each: more than a segment */
   static uint8_t *ps[N];
   size_t segments = atomic_load(&hak_gstats.segments);
@@ -2161,17 +2166,8 @@ TEST(a_new_slab_segment_over_the_arenas_pages_keeps_its_bounds) {
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
   REQUIRE(first != NULL);
-  size_t half = HAK_LARGE_GRAIN / 2;
-  uint8_t *a = malloc(half), *b = malloc(half);
-  REQUIRE(a && b);
-  memset(a, 0xAB, half);
-  memset(b, 0xAB, half);
-  uint8_t *chunks[2] = {(uint8_t *)hak_large_header(a), (uint8_t *)hak_large_header(b)};
-  free(a);
-  free(b);
-  hak_large_kept_release(hak_tls_heap, true);
-  size_t cached = atomic_load(&hak_gstats.large_cached);
-  REQUIRE(cached >= 2 * half);
+  uint8_t *chunks[2];
+  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(chunks);
   for (int k = 0; k < 2; k++) /* where a segment's reserved_from lies: a small word */
     memcpy(chunks[k] + offsetof(hak_segment_t, reserved_from), &(uint32_t){1000}, 4);
   enum { N = 5000 }; /* 1000 B each: more than a segment */
