@@ -100,12 +100,19 @@ void hak_os_unreserve(void *p, size_t size);
  * 2): a reservation must then stay inaccessible until it is used. */
 bool hak_os_overcommit_never(void);
 /* hak_os_overcommit_never, read once: 1 or 0 once read, -1 before, which
- * a test may set first. The arena reads it when it is reserved, the slab
- * and span tiers at a new segment once the program has threads: a program
- * of one thread does not pay the read at every start (bash's setlocale
- * takes a span segment beside the first), and its segments are few. */
+ * a test may set first; 1 also once memory was found locked. The arena
+ * reads it when it is reserved, the slab and span tiers at a new segment
+ * once the program has threads: a program of one thread does not pay the
+ * read at every start (bash's setlocale takes a span segment beside the
+ * first), and its segments are few. */
 extern _Atomic int hak_commit_strict;
 bool hak_os_commit_strict(void);
+/* True if `page`, made accessible and never written, is in memory and the
+ * process has memory locked: the program locked its future memory
+ * (mlockall), so the kernel faulted in all it made accessible.
+ * hak_commit_strict is then set: from then on memory is made accessible
+ * as it is used, as under strict overcommit. */
+bool hak_os_found_locked(void *page);
 /* Makes [p, p + size) of a reservation readable and writable, charged
  * against that limit; false (errno ENOMEM) if the limit refuses. */
 bool hak_os_commit(void *p, size_t size);

@@ -20,7 +20,8 @@
  * The reservation is inaccessible, so that mlockall faults in only what
  * blocks use: a block's chunks are made readable and writable, whole, or
  * as far as it uses them where the kernel charges every writable page it
- * maps against a limit (vm.overcommit_memory 2); a purge makes them
+ * maps against a limit (vm.overcommit_memory 2) or faults them all in (the
+ * program locked its future memory, mlockall); a purge makes them
  * inaccessible again, which gives their charge back, and a chunk moved
  * away is left inaccessible. */
 #define _GNU_SOURCE
@@ -540,12 +541,17 @@ static size_t donor_for(size_t need, size_t least) {
 /* Makes chunk k accessible for `need` bytes from its start (the whole
  * chunk but under hak_commit_strict: fewer calls, and the kernel merges
  * whole chunks into one area); false if the kernel refuses (its commit
- * limit, or its limit of areas). */
+ * limit, or its limit of areas). A whole chunk the kernel faulted in (the
+ * program locked its memory) is made inaccessible again past `need`. */
 static bool chunk_commit(size_t k, size_t need) {
-  need = hak_os_commit_strict() ? hak_page_up(need) : GRAIN;
-  if (need <= tab.accessible[k]) return true;
-  if (!hak_os_commit(chunk_addr(k) + tab.accessible[k], need - tab.accessible[k])) return false;
-  tab.accessible[k] = (uint32_t)need;
+  size_t want = hak_os_commit_strict() ? hak_page_up(need) : GRAIN, from = tab.accessible[k];
+  if (want <= from) return true;
+  if (!hak_os_commit(chunk_addr(k) + from, want - from)) return false;
+  tab.accessible[k] = (uint32_t)want;
+  size_t used = hak_page_up(need) > from ? hak_page_up(need) : from;
+  if (used < want && hak_os_found_locked(chunk_addr(k) + want - HAK_PAGE_SIZE) &&
+      hak_os_uncommit(chunk_addr(k) + used, want - used))
+    tab.accessible[k] = (uint32_t)used;
   return true;
 }
 

@@ -236,6 +236,22 @@ static const char *stat_field(const char *stat, int n) {
   return s ? s + 1 : NULL;
 }
 
+bool hak_os_found_locked(void *page) {
+  static _Atomic bool mincore_misleads;
+  unsigned char in = 0;
+  if (atomic_load_explicit(&mincore_misleads, memory_order_relaxed) ||
+      mincore(page, HAK_PAGE_SIZE, &in) != 0 || !(in & 1))
+    return false;
+  /* the kernel confirms: a kernel that says every page is in memory (or
+   * no /proc) is not asked again */
+  if (proc_status_kib("VmLck:") == 0) {
+    atomic_store_explicit(&mincore_misleads, true, memory_order_relaxed);
+    return false;
+  }
+  atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
+  return true;
+}
+
 size_t hak_os_rss(void) { return proc_status_kib("VmRSS:"); }
 size_t hak_os_rss_peak(void) { return proc_status_kib("VmHWM:"); }
 

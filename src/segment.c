@@ -365,11 +365,20 @@ static void segment_init(hak_segment_t *seg, bool fresh, bool header_zero) {
   }
 }
 
+static hak_segment_t *segment_map(bool strict) {
+  return strict ? hak_os_map_reserved(HAK_SEG_SIZE, HAK_SEG_SIZE, HAK_UNIT_SIZE)
+                : hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
+}
+
 static hak_segment_t *segment_new(void) {
   bool strict = atomic_load_explicit(&hak_commit_strict, memory_order_relaxed) > 0 ||
                 (!hak_single_threaded() && hak_os_commit_strict());
-  hak_segment_t *seg = strict ? hak_os_map_reserved(HAK_SEG_SIZE, HAK_SEG_SIZE, HAK_UNIT_SIZE)
-                              : hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE);
+  hak_segment_t *seg = segment_map(strict);
+  /* a program that locked its memory had the whole segment faulted in */
+  if (seg != NULL && !strict && hak_os_found_locked((uint8_t *)seg + HAK_SEG_SIZE - HAK_PAGE_SIZE)) {
+    hak_os_unmap(seg, HAK_SEG_SIZE);
+    seg = segment_map(strict = true);
+  }
   if (seg == NULL) return NULL;
   if (strict) seg->reserved_from = HAK_UNIT_SIZE;
   if (!hak_segmap_open(seg, HAK_SEG_SIZE)) {

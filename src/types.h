@@ -181,7 +181,8 @@ struct hak_segment_s {
    * starts, 0 if none is. Under strict overcommit (hak_os_commit_strict)
    * a new segment of a program with threads is reserved, and made
    * accessible unit by unit as slabs and blocks take them: every thread's
-   * segment was charged 4 MiB. */
+   * segment was charged 4 MiB. So is any new segment once the program has
+   * locked its memory (hak_os_found_locked): it was faulted in whole. */
   uint32_t reserved_from;
   /* Slab segments, one bit per unit: FREE units; of those, the ones whose
    * memory is zero (never used, or purged), and the ones purged (returned

@@ -981,6 +981,35 @@ TEST(under_strict_overcommit_segments_become_accessible_as_they_are_used) {
   for (int i = 0; i < N; i++) free(spans[i]);
 }
 
+/* A page in memory tells of a lock only if the kernel counts locked memory:
+ * one the program wrote does not. Then mincore is not asked again. */
+TEST(a_page_in_memory_without_a_lock_leaves_commits_as_they_were) {
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
+  uint8_t *written = hak_os_map(HAK_PAGE_SIZE), *locked = hak_os_map(HAK_PAGE_SIZE);
+  REQUIRE(written != NULL && locked != NULL);
+  written[0] = 1;
+  CHECK(!hak_os_found_locked(written));
+  CHECK(hak_commit_strict == -1);
+  REQUIRE(mlock(locked, HAK_PAGE_SIZE) == 0);
+  CHECK(!hak_os_found_locked(locked));
+  CHECK(hak_commit_strict == -1);
+  munlock(locked, HAK_PAGE_SIZE);
+  hak_os_unmap(written, HAK_PAGE_SIZE);
+  hak_os_unmap(locked, HAK_PAGE_SIZE);
+}
+
+/* A page mlock faulted in, with the process's memory locked, is taken for
+ * mlockall's: memory is made accessible as it is used from then on. */
+TEST(a_locked_page_makes_commits_strict) {
+  REQUIRE(hak_commit_strict == -1); /* not read yet */
+  uint8_t *page = hak_os_map(HAK_PAGE_SIZE);
+  REQUIRE(page != NULL && mlock(page, HAK_PAGE_SIZE) == 0);
+  CHECK(hak_os_found_locked(page));
+  CHECK(hak_commit_strict == 1);
+  munlock(page, HAK_PAGE_SIZE);
+  hak_os_unmap(page, HAK_PAGE_SIZE);
+}
+
 /* Under strict overcommit (vm.overcommit_memory 2) a read/write reservation
  * of the arena's 64 GiB would be refused: the arena is inaccessible but for
  * what blocks use, and a purge or a move makes chunks inaccessible again. */
