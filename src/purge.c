@@ -3,9 +3,11 @@
  * malloc. The thread is started lazily, the first time something waits to
  * be purged, and sleeps without a timeout when nothing is pending (while
  * some thread of the program holds a heap). */
+#define _GNU_SOURCE
 #include "internal.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <time.h>
 
 _Atomic int hak_purge_started; /* the thread exists (or is being created) */
@@ -205,6 +207,39 @@ static bool purger_worth_a_thread(void) {
   return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) >= HAK_PURGER_MIN_MAPPED;
 }
 
+/* The thread's stack, mapped here rather than by glibc: a program that
+ * locked its future memory (mlockall) has all it maps faulted in and
+ * locked, the whole default 8 MiB. The top page is made accessible first;
+ * if the kernel faulted it in, the rest is locked only as it is used
+ * (MLOCK_ONFAULT). The default size, since the program's exit handlers may
+ * run on it when its threads are gone; the lowest page is the guard. A
+ * fork's child reuses it: the thread did not come along. */
+static void *stack_base;
+static size_t stack_size;
+
+static bool stack_map(void) {
+  if (stack_base != NULL) return true;
+  pthread_attr_t def;
+  size_t size = 0;
+  if (pthread_getattr_default_np(&def) == 0) {
+    pthread_attr_getstacksize(&def, &size);
+    pthread_attr_destroy(&def);
+  }
+  size = hak_page_up(size > (size_t)PTHREAD_STACK_MIN ? size : (size_t)PTHREAD_STACK_MIN) + HAK_PAGE_SIZE;
+  uint8_t *guard = hak_os_reserve(size, HAK_PAGE_SIZE), *top = guard + size - HAK_PAGE_SIZE;
+  if (guard == NULL) return false;
+  bool done = hak_os_commit(top, HAK_PAGE_SIZE);
+  if (done && hak_os_found_locked(top))
+    mlock2(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE, MLOCK_ONFAULT);
+  if (!done || !hak_os_commit(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE)) {
+    hak_os_unreserve(guard, size);
+    return false;
+  }
+  stack_base = guard + HAK_PAGE_SIZE;
+  stack_size = size - HAK_PAGE_SIZE;
+  return true;
+}
+
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
   if (!hak_opt.purge_thread || !purger_worth_a_thread()) {
@@ -217,10 +252,16 @@ void hak_purge_start_slow(void) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  /* The default stack, whose untouched pages cost nothing: when the
-   * program's threads are gone, its exit handlers run on this one. */
   pthread_t t;
-  if (pthread_create(&t, &attr, purge_main, NULL) != 0) atomic_store(&hak_purge_started, 0);
+  bool own_stack = stack_map() && pthread_attr_setstack(&attr, stack_base, stack_size) == 0;
+  int failed = pthread_create(&t, &attr, purge_main, NULL);
+  if (failed && own_stack) { /* glibc's stack, as before */
+    pthread_attr_destroy(&attr);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    failed = pthread_create(&t, &attr, purge_main, NULL);
+  }
+  if (failed) atomic_store(&hak_purge_started, 0);
   pthread_attr_destroy(&attr);
 }
 

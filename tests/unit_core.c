@@ -981,6 +981,28 @@ TEST(under_strict_overcommit_segments_become_accessible_as_they_are_used) {
   for (int i = 0; i < N; i++) free(spans[i]);
 }
 
+/* A program that locked its future memory (mlockall) has all it maps
+ * faulted in and locked: the purger's stack (8 MiB by default) is locked
+ * as the thread uses it. */
+TEST(the_purgers_stack_is_locked_as_it_is_used) {
+  /* a program with threads; the small stack glibc keeps for the next
+   * thread would not do for the purger's */
+  pthread_attr_t attr;
+  pthread_t t;
+  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
+  REQUIRE(pthread_create(&t, &attr, no_work, NULL) == 0 && pthread_join(t, NULL) == 0);
+  REQUIRE(!atomic_load(&hak_purge_started) && mlockall(MCL_FUTURE) == 0);
+  long before = th_vm_rss_kib();
+  hak_purge_wake();
+  hak_purge_start();
+  for (int i = 0; i < 5000 && !atomic_load(&hak_purge_running); i++) usleep(1000);
+  REQUIRE(atomic_load(&hak_purge_running));
+  long grown = th_vm_rss_kib() - before;
+  munlockall();
+  printf("    %ld KiB more resident\n", grown);
+  CHECK_MSG(grown < 1024, "%ld KiB more resident", grown);
+}
+
 /* A page in memory tells of a lock only if the kernel counts locked memory:
  * one the program wrote does not. Then mincore is not asked again. */
 TEST(a_page_in_memory_without_a_lock_leaves_commits_as_they_were) {
