@@ -225,9 +225,11 @@ static bool stack_map(void) {
     pthread_attr_getstacksize(&def, &size);
     pthread_attr_destroy(&def);
   }
-  size = hak_page_up(size > (size_t)PTHREAD_STACK_MIN ? size : (size_t)PTHREAD_STACK_MIN) + HAK_PAGE_SIZE;
-  uint8_t *guard = hak_os_reserve(size, HAK_PAGE_SIZE), *top = guard + size - HAK_PAGE_SIZE;
+  if (size < (size_t)PTHREAD_STACK_MIN) size = PTHREAD_STACK_MIN;
+  size = hak_page_up(size) + HAK_PAGE_SIZE;
+  uint8_t *guard = hak_os_reserve(size, HAK_PAGE_SIZE);
   if (guard == NULL) return false;
+  uint8_t *top = guard + size - HAK_PAGE_SIZE;
   bool done = hak_os_commit(top, HAK_PAGE_SIZE);
   if (done && hak_os_found_locked(top))
     mlock2(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE, MLOCK_ONFAULT);
