@@ -242,6 +242,18 @@ static bool stack_map(void) {
   return true;
 }
 
+/* The purger's thread, detached, on stack_map's stack or glibc's. */
+static bool thread_create(bool own_stack) {
+  pthread_attr_t attr;
+  pthread_t t;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  bool done = (!own_stack || pthread_attr_setstack(&attr, stack_base, stack_size) == 0) &&
+              pthread_create(&t, &attr, purge_main, NULL) == 0;
+  pthread_attr_destroy(&attr);
+  return done;
+}
+
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
   if (!hak_opt.purge_thread || !purger_worth_a_thread()) {
@@ -251,20 +263,9 @@ void hak_purge_start_slow(void) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&hak_purge_started, &expected, 1)) return;
   init_wait_cond();
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  bool own_stack = stack_map() && pthread_attr_setstack(&attr, stack_base, stack_size) == 0;
-  int failed = pthread_create(&t, &attr, purge_main, NULL);
-  if (failed && own_stack) { /* glibc's stack, as before */
-    pthread_attr_destroy(&attr);
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    failed = pthread_create(&t, &attr, purge_main, NULL);
-  }
-  if (failed) atomic_store(&hak_purge_started, 0);
-  pthread_attr_destroy(&attr);
+  /* on glibc's stack, as before, if not on its own */
+  if ((!stack_map() || !thread_create(true)) && !thread_create(false))
+    atomic_store(&hak_purge_started, 0);
 }
 
 void hak_purge_fork_prepare(void) { pthread_mutex_lock(&pass_lock); }
