@@ -149,10 +149,20 @@ void hak_os_purge(void *p, size_t size) {
 
 bool hak_os_uncommit(void *p, size_t size) { return map_empty(p, size, PROT_NONE, MAP_FLAGS); }
 
+/* A change of protection that cannot be undone. */
+static void protect(void *p, size_t size, int prot) {
+  if (mprotect(p, size, prot) != 0)
+    hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
+}
+
 /* Without MAP_NORESERVE: made writable again, the range is then charged as
- * the bss around it, and the kernel merges them into one area. */
+ * the bss around it, and the kernel merges them into one area. Mapped
+ * inaccessible first: a readable mapping in a program that locked its
+ * future memory (mlockall) is faulted in whole, the segment map's 32 MiB. */
 bool hak_os_read_only(void *p, size_t size) {
-  return map_empty(p, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS);
+  if (!map_empty(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS)) return false;
+  protect(p, size, PROT_READ);
+  return true;
 }
 
 bool hak_os_decommit(void *p, size_t size) {
@@ -164,8 +174,7 @@ bool hak_os_decommit(void *p, size_t size) {
 }
 
 void hak_os_guard(void *p, size_t size, bool on) {
-  if (mprotect(p, size, on ? PROT_NONE : PROT_READ | PROT_WRITE) != 0)
-    hak_fatal("hakmem: mprotect(%p, %zu) failed: errno %d", p, size, errno);
+  protect(p, size, on ? PROT_NONE : PROT_READ | PROT_WRITE);
 }
 
 uint64_t hak_clock_ns(void) {

@@ -1003,6 +1003,25 @@ TEST(the_purgers_stack_is_locked_as_it_is_used) {
   CHECK_MSG(grown < 1024, "%ld KiB more resident", grown);
 }
 
+/* The segment map past the segments' bytes, and the large arena's tables,
+ * are mapped again read-only (hak_segmap_trim). A readable mapping in a
+ * program that locked its future memory is faulted in whole: 32 MiB for
+ * the map, before the range was made read-only from inaccessible. */
+TEST(a_range_made_read_only_under_mlockall_is_not_faulted_in) {
+  enum { SIZE = 8 << 20 };
+  uint8_t *range = hak_os_map(SIZE);
+  REQUIRE(range != NULL && mlockall(MCL_FUTURE) == 0);
+  long before = th_vm_rss_kib();
+  bool done = hak_os_read_only(range, SIZE);
+  long grown = th_vm_rss_kib() - before;
+  munlockall();
+  REQUIRE(done);
+  CHECK(range[0] == 0 && range[SIZE - 1] == 0);
+  printf("    %ld KiB more resident\n", grown);
+  CHECK_MSG(grown < 1024, "%ld KiB more resident", grown);
+  hak_os_unmap(range, SIZE);
+}
+
 /* A page in memory tells of a lock only if the kernel counts locked memory:
  * one the program wrote does not. Then mincore is not asked again. */
 TEST(a_page_in_memory_without_a_lock_leaves_commits_as_they_were) {
