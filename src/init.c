@@ -62,6 +62,7 @@ static void fork_parent(void) {
   hak_purge_fork_parent();
 }
 static void fork_child(void) {
+  hak_os_fork_child();
   if (!fork_locked) return;
   pthread_mutex_init(&hak_segmap_lock, NULL);
   pthread_mutex_init(&hak_large_lock, NULL);

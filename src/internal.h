@@ -67,6 +67,10 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
+void hak_os_fork_child(void);
+/* As hak_os_purge, where the range's pages past p + accessible were never
+ * made accessible (a reserved segment's units): counted, not touched. */
+void hak_os_purge_within(void *p, size_t size, size_t accessible);
 /* As hak_os_purge, without counting it: [p, p + size) reads zero after. */
 void hak_os_empty(void *p, size_t size);
 /* Transparent huge pages. Where the kernel backs every aligned 2 MiB it

@@ -11,6 +11,44 @@
 
 #define MAP_FLAGS (MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
 
+/* The program locks its future memory (mlockall(MCL_FUTURE)): found by
+ * hak_os_found_locked, or by the limit below. */
+static _Atomic bool future_locked;
+
+/* The program locked its future memory under a limit (RLIMIT_MEMLOCK,
+ * 8 MiB by default for users but root), which the kernel applies to every
+ * new mapping, accessible or not, and it refused one (EAGAIN). From then
+ * on reservations are unlocked and what is made accessible is locked, so
+ * that the limit counts the pages in use, as under glibc, not address
+ * space; and no range is moved, since its hole would be mapped again. */
+static _Atomic bool lock_limited;
+
+static bool is_lock_limited(void) { return atomic_load_explicit(&lock_limited, memory_order_relaxed); }
+
+static void *os_mmap(void *addr, size_t size, int prot, int flags) {
+  void *p = mmap(addr, size, prot, flags, -1, 0);
+  if (p == MAP_FAILED && errno == EAGAIN && !is_lock_limited()) {
+    atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
+    atomic_store_explicit(&future_locked, true, memory_order_relaxed);
+    atomic_store_explicit(&lock_limited, true, memory_order_relaxed);
+  }
+  return p;
+}
+
+/* A new mapping of size bytes. Under the lock limit an inaccessible one
+ * is made unlocked before it grows to its size: the kernel would count it
+ * whole against the limit, with no page in it, and mremap applies the
+ * limit to locked mappings only. */
+static void *map_fresh(size_t size, int prot) {
+  if (prot != PROT_NONE || !is_lock_limited() || size <= HAK_PAGE_SIZE)
+    return os_mmap(NULL, size, prot, MAP_FLAGS);
+  void *p = os_mmap(NULL, HAK_PAGE_SIZE, PROT_NONE, MAP_FLAGS);
+  if (p == MAP_FAILED) return p;
+  void *grown = munlock(p, HAK_PAGE_SIZE) == 0 ? mremap(p, HAK_PAGE_SIZE, size, MREMAP_MAYMOVE) : MAP_FAILED;
+  if (grown == MAP_FAILED) munmap(p, HAK_PAGE_SIZE);
+  return grown;
+}
+
 /* The start of the last aligned mapping: the next one is asked for just
  * below it, where the kernel's top-down search would put it anyway. */
 static _Atomic uintptr_t aligned_below;
@@ -23,7 +61,7 @@ static void *map_below_last(size_t size, size_t align, int prot) {
   uintptr_t end = atomic_load_explicit(&aligned_below, memory_order_relaxed);
   if (end < size + align) return NULL;
   uintptr_t want = (end - size) & ~(uintptr_t)(align - 1);
-  void *p = mmap((void *)want, size, prot, MAP_FLAGS, -1, 0);
+  void *p = os_mmap((void *)want, size, prot, MAP_FLAGS);
   if (p == MAP_FAILED) return NULL;
   if ((uintptr_t)p == want) return p;
   munmap(p, size); /* the hint was taken */
@@ -31,22 +69,33 @@ static void *map_below_last(size_t size, size_t align, int prot) {
 }
 
 /* size bytes aligned to align, by mapping align more and trimming both
- * ends; NULL with ENOMEM. */
+ * ends, or NULL. */
 static void *map_over(size_t size, size_t align, int prot) {
   size_t over = size + (align > HAK_PAGE_SIZE ? align : 0);
-  if (over < size) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  uint8_t *raw = mmap(NULL, over, prot, MAP_FLAGS, -1, 0);
-  if (raw == MAP_FAILED) {
-    errno = ENOMEM;
-    return NULL;
-  }
+  if (over < size) return NULL;
+  uint8_t *raw = map_fresh(over, prot);
+  if (raw == MAP_FAILED) return NULL;
   uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
   if (p > raw) munmap(raw, (size_t)(p - raw));
   if (raw + over > p + size) munmap(p + size, (size_t)(raw + over - (p + size)));
   return p;
+}
+
+/* size bytes aligned to align where a limit (of locked memory, or of
+ * address space) refuses map_over's more: the kernel's top-down search
+ * leaves free space below the mapping it chose, whose start is moved down
+ * to the alignment. NULL if that space is taken. */
+static void *map_exact(size_t size, size_t align, int prot) {
+  uint8_t *p = map_fresh(size, prot);
+  if (p == MAP_FAILED) return NULL;
+  uintptr_t down = (uintptr_t)p & ~(uintptr_t)(align - 1);
+  if ((uintptr_t)p == down) return p;
+  munmap(p, size);
+  p = os_mmap((void *)down, size, prot, MAP_FLAGS | MAP_FIXED_NOREPLACE);
+  if (p == MAP_FAILED) return NULL;
+  if ((uintptr_t)p == down) return p;
+  munmap(p, size); /* a kernel before 4.17 took the address as a hint */
+  return NULL;
 }
 
 void hak_os_no_huge_pages(void *p, size_t size) {
@@ -75,10 +124,16 @@ static void no_huge_pages_while_small(void *p, size_t size) {
 /* An anonymous mapping of size bytes aligned to align (a power of two,
  * at least a page), not counted in the statistics; NULL with ENOMEM. */
 static void *map_raw(size_t size, size_t align, int prot) {
-  if (align <= HAK_PAGE_SIZE) return map_over(size, align, prot);
-  void *p = map_below_last(size, align, prot);
+  bool aligned = align > HAK_PAGE_SIZE;
+  void *p = aligned ? map_below_last(size, align, prot) : NULL;
   if (p == NULL) p = map_over(size, align, prot);
-  if (p != NULL) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
+  if (p == NULL && aligned) p = map_exact(size, align, prot);
+  if (p == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (aligned) atomic_store_explicit(&aligned_below, (uintptr_t)p, memory_order_relaxed);
+  if (prot == PROT_NONE && is_lock_limited()) munlock(p, size);
   return p;
 }
 
@@ -107,8 +162,32 @@ void *hak_os_map_reserved(size_t size, size_t align, size_t accessible) {
 }
 void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
 
+/* Whether the kernel still locks new mappings, which a program may stop
+ * (munlockall): a page mapped is then faulted in at once, or refused. */
+static bool still_locking(void) {
+  void *p = mmap(NULL, HAK_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
+  if (p == MAP_FAILED) return errno == EAGAIN;
+  unsigned char in = 0;
+  bool locking = mincore(p, HAK_PAGE_SIZE, &in) == 0 && (in & 1);
+  munmap(p, HAK_PAGE_SIZE);
+  return locking;
+}
+
+/* Under the lock limit, a range whose lock is refused is left accessible,
+ * and unused: the caller takes it for refused. */
 bool hak_os_commit(void *p, size_t size) {
-  return mprotect(p, size, PROT_READ | PROT_WRITE) == 0;
+  if (mprotect(p, size, PROT_READ | PROT_WRITE) != 0) return false;
+  if (!is_lock_limited()) return true;
+  if (still_locking()) return mlock(p, size) == 0;
+  atomic_store_explicit(&lock_limited, false, memory_order_relaxed);
+  return true;
+}
+
+void hak_os_fork_child(void) {
+  /* a child locks nothing of its parent's (fork(2)) */
+  if (is_lock_limited()) atomic_store_explicit(&lock_limited, false, memory_order_relaxed);
+  if (atomic_load_explicit(&future_locked, memory_order_relaxed))
+    atomic_store_explicit(&future_locked, false, memory_order_relaxed);
 }
 
 void hak_os_unmap(void *p, size_t size) {
@@ -126,28 +205,45 @@ static void count_returned(size_t size) {
 /* [p, p + size) mapped again, empty; false (errno kept) if refused. */
 static bool map_empty(void *p, size_t size, int prot, int flags) {
   int saved = errno;
-  bool done = mmap(p, size, prot, flags | MAP_FIXED, -1, 0) != MAP_FAILED;
+  bool done = os_mmap(p, size, prot, flags | MAP_FIXED) != MAP_FAILED;
   errno = saved;
   return done;
 }
 
+/* Locked pages (which madvise refuses) of a program that locks its future
+ * memory, given back: unlocked, purged, and locked again as they are used,
+ * as a mapping made again would have them faulted in at once. */
+static bool empty_locked(void *p, size_t size) {
+  if (!atomic_load_explicit(&future_locked, memory_order_relaxed) || munlock(p, size) != 0) return false;
+  bool done = madvise(p, size, MADV_DONTNEED) == 0;
+  if (mlock2(p, size, MLOCK_ONFAULT) != 0) mlock(p, size);
+  return done;
+}
+
 /* The range reads zero after it, which callers count on (calloc): madvise
- * refuses pages the program locked (mlockall) and may be filtered out, so
- * then the range is mapped again empty, or else written with zeros. */
+ * refuses locked pages and may be filtered out, so then the range is
+ * mapped again empty, or else written with zeros. */
 void hak_os_empty(void *p, size_t size) {
   int saved = errno;
-  if (madvise(p, size, MADV_DONTNEED) != 0 && !map_empty(p, size, PROT_READ | PROT_WRITE, MAP_FLAGS))
+  if (madvise(p, size, MADV_DONTNEED) != 0 && !empty_locked(p, size) &&
+      !map_empty(p, size, PROT_READ | PROT_WRITE, MAP_FLAGS))
     memset(p, 0, size);
   errno = saved;
 }
 
-void hak_os_purge(void *p, size_t size) {
+void hak_os_purge_within(void *p, size_t size, size_t accessible) {
   if (size == 0) return;
-  hak_os_empty(p, size);
+  if (accessible > 0) hak_os_empty(p, accessible < size ? accessible : size);
   count_returned(size);
 }
 
-bool hak_os_uncommit(void *p, size_t size) { return map_empty(p, size, PROT_NONE, MAP_FLAGS); }
+void hak_os_purge(void *p, size_t size) { hak_os_purge_within(p, size, size); }
+
+bool hak_os_uncommit(void *p, size_t size) {
+  if (!is_lock_limited()) return map_empty(p, size, PROT_NONE, MAP_FLAGS);
+  /* a mapping would count against the limit whole, before the old one is gone */
+  return munlock(p, size) == 0 && madvise(p, size, MADV_DONTNEED) == 0 && mprotect(p, size, PROT_NONE) == 0;
+}
 
 /* A change of protection that cannot be undone. */
 static void protect(void *p, size_t size, int prot) {
@@ -161,6 +257,7 @@ static void protect(void *p, size_t size, int prot) {
  * future memory (mlockall) is faulted in whole, the segment map's 32 MiB. */
 bool hak_os_read_only(void *p, size_t size) {
   if (!map_empty(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS)) return false;
+  if (is_lock_limited()) munlock(p, size);
   protect(p, size, PROT_READ);
   return true;
 }
@@ -258,6 +355,7 @@ bool hak_os_found_locked(void *page) {
     return false;
   }
   atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
+  atomic_store_explicit(&future_locked, true, memory_order_relaxed);
   return true;
 }
 
@@ -305,6 +403,7 @@ static void check_nothing_moved(void *old, size_t size) {
 }
 
 static bool move_fixed(void *old, size_t size, void *target) {
+  if (is_lock_limited()) return false;
   if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED) return true;
   check_nothing_moved(old, size);
   return false;
@@ -312,7 +411,7 @@ static bool move_fixed(void *old, size_t size, void *target) {
 
 /* A range a move left behind is mapped again, empty and inaccessible. */
 static void map_again(void *p, size_t size) {
-  if (mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED, -1, 0) == MAP_FAILED)
+  if (os_mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
   no_huge_pages_while_small(p, size);
 }

@@ -254,9 +254,14 @@ static bool thread_create(bool own_stack) {
   return done;
 }
 
+/* No thread could be made (a limit of threads, or of locked memory that
+ * refuses any stack): the program's calls make the passes from then on. */
+static _Atomic bool thread_refused;
+
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
-  if (!hak_opt.purge_thread || !purger_worth_a_thread()) {
+  if (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed) ||
+      !purger_worth_a_thread()) {
     purge_inline();
     return;
   }
@@ -264,8 +269,10 @@ void hak_purge_start_slow(void) {
   if (!atomic_compare_exchange_strong(&hak_purge_started, &expected, 1)) return;
   init_wait_cond();
   /* on glibc's stack, as before, if not on its own */
-  if ((!stack_map() || !thread_create(true)) && !thread_create(false))
+  if ((!stack_map() || !thread_create(true)) && !thread_create(false)) {
+    atomic_store_explicit(&thread_refused, true, memory_order_relaxed);
     atomic_store(&hak_purge_started, 0);
+  }
 }
 
 void hak_purge_fork_prepare(void) { pthread_mutex_lock(&pass_lock); }

@@ -50,10 +50,15 @@ static size_t committed_free_bytes(const hak_segment_t *seg) {
   return units_bytes(seg->free_units & ~seg->purged_units);
 }
 
-/* Gives units first .. first + n - 1 back to the OS: their memory is zero. */
+/* Gives units first .. first + n - 1 back to the OS: their memory is zero.
+ * Units past reserved_from hold no page and are not touched: locked memory
+ * is locked again as it is purged (hak_os_empty), and under a limit of
+ * locked memory they would count against it. */
 static void purge_units(hak_segment_t *seg, unsigned first, unsigned n) {
-  uint8_t *from = (uint8_t *)seg + (first ? (size_t)first << HAK_UNIT_SHIFT : HAK_SEG_HEADER);
-  hak_os_purge(from, (uint8_t *)seg + ((size_t)(first + n) << HAK_UNIT_SHIFT) - from);
+  size_t start = first ? (size_t)first << HAK_UNIT_SHIFT : HAK_SEG_HEADER;
+  size_t end = (size_t)(first + n) << HAK_UNIT_SHIFT, reserved = seg->reserved_from;
+  size_t accessible = reserved == 0 || reserved >= end ? end - start : reserved > start ? reserved - start : 0;
+  hak_os_purge_within((uint8_t *)seg + start, end - start, accessible);
   seg->purged_units |= units_mask(first, n);
   seg->zero_units |= units_mask(first, n);
 }

@@ -14,10 +14,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <malloc.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 
 #define MiB ((size_t)1 << 20)
@@ -185,6 +188,156 @@ TEST_T(oom_64B_blocks_enomem_then_recovers, 60) { oom_tier(64); }
 TEST_T(oom_16KiB_blocks_enomem_then_recovers, 60) { oom_tier(16384); }
 TEST_T(oom_200KiB_blocks_enomem_then_recovers, 60) { oom_tier(200000); }
 TEST_T(oom_4MiB_blocks_enomem_then_recovers, 60) { oom_tier(4 * MiB); }
+
+/* Root, without CAP_IPC_LOCK in effect, is held to RLIMIT_MEMLOCK as any
+ * user is. */
+static void drop_ipc_lock(void) {
+  struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  REQUIRE(syscall(SYS_capget, &head, data) == 0);
+  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  REQUIRE(syscall(SYS_capset, &head, data) == 0);
+}
+
+/* The areas mapped before mlockall(MCL_FUTURE), which it does not lock:
+ * /proc/self/maps read by areas_before_lock. */
+static struct {
+  unsigned long lo, hi;
+} before_lock[1024];
+static int areas_before;
+
+static void areas_before_lock(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  REQUIRE(f != NULL);
+  char line[512];
+  while (areas_before < 1024 && fgets(line, sizeof line, f))
+    if (sscanf(line, "%lx-%lx ", &before_lock[areas_before].lo, &before_lock[areas_before].hi) == 2)
+      areas_before++;
+  fclose(f);
+}
+
+/* Whether the kernel keeps p's page locked (VmFlags "lo" of its area in
+ * /proc/self/smaps), or p is in an area mapped before the lock. */
+static bool page_locked(const void *p) {
+  for (int i = 0; i < areas_before; i++)
+    if ((uintptr_t)p >= before_lock[i].lo && (uintptr_t)p < before_lock[i].hi) return true;
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (f == NULL) return false;
+  char line[512];
+  bool in = false, locked = false;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+      in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+      locked = strstr(line, " lo") != NULL;
+      break;
+    }
+  }
+  fclose(f);
+  return locked;
+}
+
+/* Blocks of each tier, written, then checked and freed: false if one was
+ * refused or lost its bytes. */
+static bool blocks_of_each_tier(void) {
+  static const size_t size[] = {48, 1000, 20000, 300 << 10};
+  static const int count[] = {2000, 500, 60, 3};
+  bool ok = true;
+  for (int k = 0; k < 4 && ok; k++) {
+    unsigned char *p[2000];
+    for (int i = 0; i < count[k]; i++) {
+      ok &= (p[i] = malloc(size[k])) != NULL;
+      if (p[i]) memset(p[i], i & 0xFF, size[k]);
+    }
+    for (int i = 0; i < count[k]; i++) {
+      if (p[i]) ok &= p[i][0] == (i & 0xFF) && p[i][size[k] - 1] == (i & 0xFF);
+      free(p[i]);
+    }
+  }
+  return ok;
+}
+
+static void *blocks_of_each_tier_thread(void *ok) {
+  *(bool *)ok = blocks_of_each_tier();
+  return NULL;
+}
+
+/* calloc's blocks of three sizes, zero and on locked pages (or on pages
+ * mapped before the lock, which it does not lock), twice: freed between,
+ * and purged after the delay (100 ms). No thread can be made for the
+ * purges under the limit: the program's calls make them, and a large
+ * block's does. */
+static void *zero_and_locked_blocks(void *arg) {
+  enum { N = 100 };
+  static const size_t size[] = {48, 1000, 20000};
+  static unsigned char *z[3][N];
+  for (int round = 0; round < 2; round++) {
+    int dirty = 0, unlocked = 0;
+    for (int k = 0; k < 3; k++)
+      for (int i = 0; i < N; i++) {
+        REQUIRE((z[k][i] = calloc(1, size[k])) != NULL);
+        for (size_t j = 0; j < size[k]; j++) dirty += z[k][i][j] != 0;
+        unlocked += !page_locked(z[k][i]) + !page_locked(z[k][i] + size[k] - 1);
+        memset(z[k][i], 0xAB, size[k]);
+      }
+    for (int k = 0; k < 3; k++)
+      for (int i = 0; i < N; i++) free(z[k][i]);
+    CHECK_MSG(dirty == 0, "round %d: %d bytes of calloc's blocks not zero", round, dirty);
+    CHECK_MSG(unlocked == 0, "round %d: %d pages of calloc's blocks not locked", round, unlocked);
+    usleep(300 * 1000);
+    free(malloc(300 << 10));
+  }
+  return arg;
+}
+
+/* A user other than root may lock 8 MiB (RLIMIT_MEMLOCK's default), and
+ * after mlockall(MCL_FUTURE) the kernel counts every new mapping against
+ * that, inaccessible or not: hakmem's first segment (8 MiB mapped to align
+ * 4 MiB) was refused, and every malloc failed. The limit counts the pages
+ * in use now, in threads started after the lock too, and memory purged
+ * reads zero and stays locked for its next use. */
+TEST_T(a_program_that_locks_its_future_memory_within_a_users_limit_allocates, 30) {
+  enum { LIMIT = 8 << 20 };
+  drop_ipc_lock();
+  REQUIRE(setrlimit(RLIMIT_MEMLOCK, &(struct rlimit){LIMIT, LIMIT}) == 0);
+  areas_before_lock();
+  REQUIRE(mlockall(MCL_FUTURE) == 0);
+  CHECK(blocks_of_each_tier());
+  pthread_attr_t attr;
+  pthread_t t;
+  bool ok = false;
+  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
+  REQUIRE(pthread_create(&t, &attr, blocks_of_each_tier_thread, &ok) == 0);
+  REQUIRE(pthread_join(t, NULL) == 0);
+  CHECK(ok);
+  REQUIRE(pthread_create(&t, &attr, zero_and_locked_blocks, NULL) == 0);
+  REQUIRE(pthread_join(t, NULL) == 0);
+  long locked = th_proc_status("VmLck");
+  printf("    %ld KiB locked\n", locked);
+  CHECK_MSG(locked <= LIMIT >> 10, "%ld KiB locked", locked);
+}
+
+/* After munlockall the limit holds no more: memory is not locked for
+ * the program any longer, and it may use more than 8 MiB. */
+TEST_T(a_program_that_unlocks_its_memory_may_use_more_than_its_lock_limit, 30) {
+  enum { LIMIT = 8 << 20, N = 64, SIZE = 400 << 10 };
+  drop_ipc_lock();
+  REQUIRE(setrlimit(RLIMIT_MEMLOCK, &(struct rlimit){LIMIT, LIMIT}) == 0);
+  REQUIRE(mlockall(MCL_FUTURE) == 0);
+  CHECK(blocks_of_each_tier());
+  REQUIRE(munlockall() == 0);
+  static unsigned char *p[N];
+  int refused = 0;
+  for (int i = 0; i < N; i++) {
+    refused += (p[i] = malloc(i % 2 ? SIZE : SIZE / 40)) == NULL;
+    if (p[i]) memset(p[i], 1, i % 2 ? SIZE : SIZE / 40);
+  }
+  long locked = th_proc_status("VmLck");
+  for (int i = 0; i < N; i++) free(p[i]);
+  CHECK_MSG(refused == 0, "%d of %d blocks refused", refused, N);
+  CHECK_MSG(locked == 0, "%ld KiB locked", locked);
+}
 
 /* 100k mixed operations at the limit: some fail, nothing crashes, contents
  * survive, and freed memory is reused. */
