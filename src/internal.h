@@ -67,7 +67,6 @@ void hak_os_unmap(void *p, size_t size);
 /* Maps size bytes aligned to align (power of two >= page); NULL on failure. */
 void *hak_os_map_aligned(size_t size, size_t align);
 void hak_os_purge(void *p, size_t size); /* MADV_DONTNEED: RSS drops */
-void hak_os_fork_child(void);
 /* As hak_os_purge, where the range's pages past p + accessible were never
  * made accessible (a reserved segment's units): counted, not touched. */
 void hak_os_purge_within(void *p, size_t size, size_t accessible);
@@ -92,7 +91,8 @@ bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_A
 void hak_os_populate(void *p, size_t size);
 void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
 /* Address space only, inaccessible (not charged, and not faulted in by
- * mlockall), aligned to align; NULL on failure. */
+ * mlockall; unlocked under a limit of locked memory, hak_os_commit),
+ * aligned to align; NULL on failure. */
 void *hak_os_reserve(size_t size, size_t align);
 /* As hak_os_map_aligned, but only the first `accessible` bytes (a page
  * multiple) readable and writable, the rest reserved (hak_os_commit). */
@@ -104,7 +104,8 @@ void hak_os_unreserve(void *p, size_t size);
  * 2): a reservation must then stay inaccessible until it is used. */
 bool hak_os_overcommit_never(void);
 /* hak_os_overcommit_never, read once: 1 or 0 once read, -1 before, which
- * a test may set first; 1 also once memory was found locked. The arena
+ * a test may set first; 1 also once memory was found locked, or a limit
+ * of locked memory refused a mapping. The arena
  * reads it when it is reserved, the slab and span tiers at a new segment
  * once the program has threads: a program of one thread does not pay the
  * read at every start (bash's setlocale takes a span segment beside the
@@ -117,8 +118,12 @@ bool hak_os_commit_strict(void);
  * hak_commit_strict is then set: from then on memory is made accessible
  * as it is used, as under strict overcommit. */
 bool hak_os_found_locked(void *page);
+/* A fork's child locks nothing of its parent's memory. */
+void hak_os_fork_child(void);
 /* Makes [p, p + size) of a reservation readable and writable, charged
- * against that limit; false (errno ENOMEM) if the limit refuses. */
+ * against that limit; false (errno ENOMEM) if the limit refuses. Under a
+ * limit of locked memory that refused a mapping (os.c), also locked:
+ * false if the lock is refused, the range then accessible and unused. */
 bool hak_os_commit(void *p, size_t size);
 /* Maps [p, p + size) again, empty and inaccessible: its pages and its
  * charge go back (statistics unchanged). False, and nothing changed, if

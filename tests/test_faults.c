@@ -339,8 +339,6 @@ TEST_T(a_program_that_unlocks_its_memory_may_use_more_than_its_lock_limit, 30) {
   CHECK_MSG(locked == 0, "%ld KiB locked", locked);
 }
 
-/* 100k mixed operations at the limit: some fail, nothing crashes, contents
- * survive, and freed memory is reused. */
 /* A large block the arena cannot hold lives in a mapping of its own (under
  * this limit the arena is a quarter of the address space left at most, 128
  * MiB); when mremap cannot grow it in place, the block and its header move.
@@ -369,6 +367,8 @@ TEST_T(large_block_moved_by_mremap_is_freed_at_its_new_place, 30) {
   munmap(wall, 4096);
 }
 
+/* 100k mixed operations at the limit: some fail, nothing crashes, contents
+ * survive, and freed memory is reused. */
 TEST_T(oom_mixed_100k_ops_at_the_limit, 90) {
   enum { SLOTS = 4096 };
   static struct { unsigned char *p; size_t size; uint64_t tag; } s[SLOTS];
