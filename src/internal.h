@@ -120,6 +120,9 @@ bool hak_os_commit_strict(void);
 bool hak_os_found_locked(void *page);
 /* A fork's child locks nothing of its parent's memory. */
 void hak_os_fork_child(void);
+/* Locks [p, p + size) page by page as it is faulted in (MLOCK_ONFAULT);
+ * false if refused. */
+bool hak_os_lock_on_fault(void *p, size_t size);
 /* Makes [p, p + size) of a reservation readable and writable, charged
  * against that limit; false (errno ENOMEM) if the limit refuses. Under a
  * limit of locked memory that refused a mapping (os.c), also locked:

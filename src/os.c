@@ -25,11 +25,17 @@ static _Atomic bool lock_limited;
 
 static bool is_lock_limited(void) { return atomic_load_explicit(&lock_limited, memory_order_relaxed); }
 
+/* From then on memory is made accessible as it is used, as under strict
+ * overcommit, and locked pages are purged as hak_os_empty says. */
+static void found_future_locked(void) {
+  atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
+  atomic_store_explicit(&future_locked, true, memory_order_relaxed);
+}
+
 static void *os_mmap(void *addr, size_t size, int prot, int flags) {
   void *p = mmap(addr, size, prot, flags, -1, 0);
   if (p == MAP_FAILED && errno == EAGAIN && !is_lock_limited()) {
-    atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
-    atomic_store_explicit(&future_locked, true, memory_order_relaxed);
+    found_future_locked();
     atomic_store_explicit(&lock_limited, true, memory_order_relaxed);
   }
   return p;
@@ -216,9 +222,11 @@ static bool map_empty(void *p, size_t size, int prot, int flags) {
 static bool empty_locked(void *p, size_t size) {
   if (!atomic_load_explicit(&future_locked, memory_order_relaxed) || munlock(p, size) != 0) return false;
   bool done = madvise(p, size, MADV_DONTNEED) == 0;
-  if (mlock2(p, size, MLOCK_ONFAULT) != 0) mlock(p, size);
+  if (!hak_os_lock_on_fault(p, size)) mlock(p, size);
   return done;
 }
+
+bool hak_os_lock_on_fault(void *p, size_t size) { return mlock2(p, size, MLOCK_ONFAULT) == 0; }
 
 /* The range reads zero after it, which callers count on (calloc): madvise
  * refuses locked pages and may be filtered out, so then the range is
@@ -354,8 +362,7 @@ bool hak_os_found_locked(void *page) {
     atomic_store_explicit(&mincore_misleads, true, memory_order_relaxed);
     return false;
   }
-  atomic_store_explicit(&hak_commit_strict, 1, memory_order_relaxed);
-  atomic_store_explicit(&future_locked, true, memory_order_relaxed);
+  found_future_locked();
   return true;
 }
 

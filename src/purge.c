@@ -7,7 +7,6 @@
 #include "internal.h"
 
 #include <signal.h>
-#include <sys/mman.h>
 #include <time.h>
 
 _Atomic int hak_purge_started; /* the thread exists (or is being created) */
@@ -232,7 +231,7 @@ static bool stack_map(void) {
   uint8_t *top = guard + size - HAK_PAGE_SIZE;
   bool done = hak_os_commit(top, HAK_PAGE_SIZE);
   if (done && hak_os_found_locked(top))
-    mlock2(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE, MLOCK_ONFAULT);
+    hak_os_lock_on_fault(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE);
   if (!done || !hak_os_commit(guard + HAK_PAGE_SIZE, size - 2 * HAK_PAGE_SIZE)) {
     hak_os_unreserve(guard, size);
     return false;

@@ -56,9 +56,9 @@ static size_t committed_free_bytes(const hak_segment_t *seg) {
  * locked memory they would count against it. */
 static void purge_units(hak_segment_t *seg, unsigned first, unsigned n) {
   size_t start = first ? (size_t)first << HAK_UNIT_SHIFT : HAK_SEG_HEADER;
-  size_t end = (size_t)(first + n) << HAK_UNIT_SHIFT, reserved = seg->reserved_from;
-  size_t accessible = reserved == 0 || reserved >= end ? end - start : reserved > start ? reserved - start : 0;
-  hak_os_purge_within((uint8_t *)seg + start, end - start, accessible);
+  size_t end = (size_t)(first + n) << HAK_UNIT_SHIFT;
+  size_t accessible_end = seg->reserved_from && seg->reserved_from < end ? seg->reserved_from : end;
+  hak_os_purge_within((uint8_t *)seg + start, end - start, accessible_end > start ? accessible_end - start : 0);
   seg->purged_units |= units_mask(first, n);
   seg->zero_units |= units_mask(first, n);
 }

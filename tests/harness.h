@@ -6,6 +6,7 @@
 #ifndef HAK_TEST_HARNESS_H
 #define HAK_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,17 @@ static inline long th_proc_status(const char *field) {
 
 /* The process's resident set (VmRSS) in KiB, or -1. */
 static inline long th_vm_rss_kib(void) { return th_proc_status("VmRSS"); }
+
+/* fn(arg) in a new thread, waited for: with a 64 KiB stack, which a
+ * program that locked its future memory (mlockall) has faulted in whole,
+ * where glibc's default is 8 MiB. Fails the test if it cannot start. */
+static inline void th_run_on_small_stack(void *(*fn)(void *), void *arg) {
+  pthread_attr_t attr;
+  pthread_t t;
+  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
+  REQUIRE(pthread_create(&t, &attr, fn, arg) == 0 && pthread_join(t, NULL) == 0);
+  pthread_attr_destroy(&attr);
+}
 
 static double th_now(void) {
   struct timespec ts;

@@ -704,21 +704,16 @@ static void *malloc_small_blocks(void *arg) {
  * the test above. */
 TEST_T(a_thread_started_after_mlockall_has_only_the_slabs_it_uses_locked, 10) {
   static void *p[64];
-  pthread_attr_t attr;
-  pthread_t t;
-  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
   /* a program with threads frees a block: the purger starts now, its
    * stack unlocked */
-  REQUIRE(pthread_create(&t, &attr, malloc_small_blocks, NULL) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(malloc_small_blocks, NULL);
   void *block = malloc(1 << 20);
   REQUIRE(block != NULL);
   memset(block, 1, 1 << 20);
   free(block);
   REQUIRE(mlockall(MCL_FUTURE) == 0);
   long before = th_vm_rss_kib();
-  REQUIRE(pthread_create(&t, &attr, malloc_small_blocks, p) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(malloc_small_blocks, p);
   long grown = th_vm_rss_kib() - before;
   munlockall();
   for (int i = 0; i < 64; i++) {
@@ -743,15 +738,10 @@ static void *malloc_and_free_blocks(void *arg) {
  * delay (100 ms), and its units never used stay out of memory; they were
  * mapped again and faulted in whole, 4 MiB. Needs CAP_IPC_LOCK, as above. */
 TEST_T(a_segment_purged_under_mlockall_gives_its_pages_back, 10) {
-  pthread_attr_t attr;
-  pthread_t t;
-  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
-  REQUIRE(pthread_create(&t, &attr, malloc_small_blocks, NULL) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(malloc_small_blocks, NULL);
   REQUIRE(mlockall(MCL_FUTURE) == 0);
   long before = th_vm_rss_kib();
-  REQUIRE(pthread_create(&t, &attr, malloc_and_free_blocks, NULL) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(malloc_and_free_blocks, NULL);
   long used = th_vm_rss_kib() - before;
   usleep(600 * 1000);
   long grown = th_vm_rss_kib() - before;

@@ -304,15 +304,10 @@ TEST_T(a_program_that_locks_its_future_memory_within_a_users_limit_allocates, 30
   areas_before_lock();
   REQUIRE(mlockall(MCL_FUTURE) == 0);
   CHECK(blocks_of_each_tier());
-  pthread_attr_t attr;
-  pthread_t t;
   bool ok = false;
-  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
-  REQUIRE(pthread_create(&t, &attr, blocks_of_each_tier_thread, &ok) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(blocks_of_each_tier_thread, &ok);
   CHECK(ok);
-  REQUIRE(pthread_create(&t, &attr, zero_and_locked_blocks, NULL) == 0);
-  REQUIRE(pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(zero_and_locked_blocks, NULL);
   long locked = th_proc_status("VmLck");
   printf("    %ld KiB locked\n", locked);
   CHECK_MSG(locked <= LIMIT >> 10, "%ld KiB locked", locked);

@@ -987,10 +987,7 @@ TEST(under_strict_overcommit_segments_become_accessible_as_they_are_used) {
 TEST(the_purgers_stack_is_locked_as_it_is_used) {
   /* a program with threads; the small stack glibc keeps for the next
    * thread would not do for the purger's */
-  pthread_attr_t attr;
-  pthread_t t;
-  REQUIRE(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 << 10) == 0);
-  REQUIRE(pthread_create(&t, &attr, no_work, NULL) == 0 && pthread_join(t, NULL) == 0);
+  th_run_on_small_stack(no_work, NULL);
   REQUIRE(!atomic_load(&hak_purge_started) && mlockall(MCL_FUTURE) == 0);
   long before = th_vm_rss_kib();
   hak_purge_wake();
