@@ -112,11 +112,11 @@ bool hak_os_overcommit_never(void);
  * first), and its segments are few. */
 extern _Atomic int hak_commit_strict;
 bool hak_os_commit_strict(void);
-/* True if `page`, made accessible and never written, is in memory and the
- * process has memory locked: the program locked its future memory
- * (mlockall), so the kernel faulted in all it made accessible.
- * hak_commit_strict is then set: from then on memory is made accessible
- * as it is used, as under strict overcommit. */
+/* True if `page`, made accessible and holding nothing (it is discarded),
+ * is locked: the program locked its future memory (mlockall), so the
+ * kernel faulted in all it made accessible. hak_commit_strict is then set:
+ * from then on memory is made accessible as it is used, as under strict
+ * overcommit. */
 bool hak_os_found_locked(void *page);
 /* A fork's child locks nothing of its parent's memory. */
 void hak_os_fork_child(void);
@@ -148,8 +148,8 @@ bool hak_os_move(void *old, size_t size, void *target);
  * but its own could not go to b (left empty), 0 (nothing moved) if the
  * first move fails. */
 int hak_os_swap(void *a, void *b, void *scratch, size_t size);
-/* Bytes of [p, p + size) resident (mincore), at most 64 pages; size if
- * the kernel cannot tell. */
+/* Bytes of [p, p + size) in memory or swapped out, at most 64 pages;
+ * size if the kernel cannot tell. */
 size_t hak_os_resident(void *p, size_t size);
 /* mremap: in place when target is NULL, else moved to target (replacing
  * what is mapped there); NULL on failure. */

@@ -506,11 +506,11 @@ static void arena_trim_locked(void) {
  * blocks spanned: 1000 blocks of 2-8 MiB, each written at its first byte,
  * had every move (an mremap and an mmap) bring a page or two, and moves
  * took half the time. Freed blocks have SAMPLE_PAGES of their pages looked
- * at (mincore, a window that moves from one sample to the next), one in
- * SAMPLE_NEAR while the running share of the pages looked at that were
- * committed is near the line, one in SAMPLE_FAR otherwise (a mincore took
- * 2 us on the VM of 2026-11-29); pages move while that share is at least
- * half. */
+ * at (hak_os_resident, a window that moves from one sample to the next),
+ * one in SAMPLE_NEAR while the running share of the pages looked at that
+ * were committed is near the line, one in SAMPLE_FAR otherwise (a look
+ * took 6 us on the VM of 2026-11-30); pages move while that share is at
+ * least half. */
 #define SAMPLE_PAGES 16
 #define SAMPLE_NEAR 32
 #define SAMPLE_FAR 256

@@ -168,13 +168,23 @@ void *hak_os_map_reserved(size_t size, size_t align, size_t accessible) {
 }
 void hak_os_unreserve(void *p, size_t size) { munmap(p, size); }
 
+/* Whether `page`, which holds nothing, is locked: the kernel refuses to
+ * discard locked pages. madvise rather than mincore, which service
+ * managers' lists of allowed system calls leave out (systemd's
+ * @system-service): a service under such a list is killed at its first. */
+static bool page_locked(void *page) {
+  int saved = errno;
+  bool locked = madvise(page, HAK_PAGE_SIZE, MADV_DONTNEED) != 0 && errno == EINVAL;
+  errno = saved;
+  return locked;
+}
+
 /* Whether the kernel still locks new mappings, which a program may stop
- * (munlockall): a page mapped is then faulted in at once, or refused. */
+ * (munlockall): a page mapped is then locked, or refused. */
 static bool still_locking(void) {
   void *p = mmap(NULL, HAK_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_FLAGS, -1, 0);
   if (p == MAP_FAILED) return errno == EAGAIN;
-  unsigned char in = 0;
-  bool locking = mincore(p, HAK_PAGE_SIZE, &in) == 0 && (in & 1);
+  bool locking = page_locked(p);
   munmap(p, HAK_PAGE_SIZE);
   return locking;
 }
@@ -294,19 +304,25 @@ uint64_t hak_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The text of a /proc file, NUL-terminated (what fits); false if unread.
- * open, read and close are cancellation points: a thread cancelled in
- * them would leave malloc with the caller's lock held. */
-static bool proc_read(const char *path, char *buf, size_t size) {
+/* Bytes read from `at` in a file of /proc, -1 if none. open, pread and
+ * close are cancellation points: a thread cancelled in them would leave
+ * malloc with the caller's lock held. */
+static ssize_t proc_pread(const char *path, void *buf, size_t size, off_t at) {
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   ssize_t n = -1;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
-    n = read(fd, buf, size - 1);
+    n = pread(fd, buf, size, at);
     close(fd);
   }
   pthread_setcancelstate(cancel_state, NULL);
+  return n;
+}
+
+/* The text of a /proc file, NUL-terminated (what fits); false if unread. */
+static bool proc_read(const char *path, char *buf, size_t size) {
+  ssize_t n = proc_pread(path, buf, size - 1, 0);
   if (n <= 0) return false;
   buf[n] = 0;
   return true;
@@ -351,17 +367,7 @@ static const char *stat_field(const char *stat, int n) {
 }
 
 bool hak_os_found_locked(void *page) {
-  static _Atomic bool mincore_misleads;
-  unsigned char in = 0;
-  if (atomic_load_explicit(&mincore_misleads, memory_order_relaxed) ||
-      mincore(page, HAK_PAGE_SIZE, &in) != 0 || !(in & 1))
-    return false;
-  /* the kernel confirms: a kernel that says every page is in memory (or
-   * no /proc) is not asked again */
-  if (proc_status_kib("VmLck:") == 0) {
-    atomic_store_explicit(&mincore_misleads, true, memory_order_relaxed);
-    return false;
-  }
+  if (!page_locked(page)) return false;
   found_future_locked();
   return true;
 }
@@ -403,8 +409,7 @@ bool hak_os_last_thread(void) {
  * refuses (sealed): the first ones moved, which nothing here can undo. */
 static void check_nothing_moved(void *old, size_t size) {
   int err = errno;
-  unsigned char resident;
-  if (mincore(old, HAK_PAGE_SIZE, &resident) != 0)
+  if (madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0) /* ENOMEM: unmapped */
     hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
   errno = err;
 }
@@ -429,11 +434,14 @@ bool hak_os_move(void *old, size_t size, void *target) {
   return true;
 }
 
+/* Read from the page table (/proc/self/pagemap: bit 63 present, 62
+ * swapped), not by mincore (page_locked says why). */
 size_t hak_os_resident(void *p, size_t size) {
-  unsigned char vec[64];
-  size_t n = size >> HAK_PAGE_SHIFT, in = 0;
-  if (n > sizeof vec || mincore(p, size, vec) != 0) return size;
-  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+  uint64_t entries[64];
+  size_t n = size >> HAK_PAGE_SHIFT, bytes = n * sizeof entries[0], in = 0;
+  off_t at = (off_t)(((uintptr_t)p >> HAK_PAGE_SHIFT) * sizeof entries[0]);
+  if (n > 64 || proc_pread("/proc/self/pagemap", entries, bytes, at) != (ssize_t)bytes) return size;
+  for (size_t i = 0; i < n; i++) in += (entries[i] >> 62) != 0;
   return in << HAK_PAGE_SHIFT;
 }
 

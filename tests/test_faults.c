@@ -17,7 +17,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <malloc.h>
+#include <linux/audit.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -333,6 +338,143 @@ TEST_T(a_program_that_unlocks_its_memory_may_use_more_than_its_lock_limit, 30) {
   CHECK_MSG(refused == 0, "%d of %d blocks refused", refused, N);
   CHECK_MSG(locked == 0, "%ld KiB locked", locked);
 }
+
+#if defined(__x86_64__)
+/* The system calls systemd 252 (Debian 12) allows a service whose unit
+ * says SystemCallFilter=@system-service and SystemCallFilter=~@privileged
+ * @resources, as Debian's redis-server.service does: the kernel kills it
+ * at any other. The names of `systemd-analyze syscall-filter` that
+ * x86_64's <sys/syscall.h> defines. */
+static const int service_calls[] = {
+  SYS_accept, SYS_accept4, SYS_access, SYS_add_key, SYS_alarm, SYS_arch_prctl, SYS_bind, SYS_brk,
+  SYS_capget, SYS_chdir, SYS_chmod, SYS_clock_getres, SYS_clock_gettime, SYS_clock_nanosleep,
+  SYS_clone, SYS_clone3, SYS_close, SYS_close_range, SYS_connect, SYS_copy_file_range, SYS_creat,
+  SYS_dup, SYS_dup2, SYS_dup3, SYS_epoll_create, SYS_epoll_create1, SYS_epoll_ctl,
+  SYS_epoll_ctl_old, SYS_epoll_pwait, SYS_epoll_pwait2, SYS_epoll_wait, SYS_epoll_wait_old,
+  SYS_eventfd, SYS_eventfd2, SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_faccessat,
+  SYS_faccessat2, SYS_fadvise64, SYS_fallocate, SYS_fchdir, SYS_fchmod, SYS_fchmodat, SYS_fcntl,
+  SYS_fdatasync, SYS_fgetxattr, SYS_flistxattr, SYS_flock, SYS_fork, SYS_fremovexattr,
+  SYS_fsetxattr, SYS_fstat, SYS_fstatfs, SYS_fsync, SYS_ftruncate, SYS_futex, SYS_futex_waitv,
+  SYS_futimesat, SYS_get_mempolicy, SYS_get_robust_list, SYS_get_thread_area, SYS_getcpu,
+  SYS_getcwd, SYS_getdents, SYS_getdents64, SYS_getegid, SYS_geteuid, SYS_getgid, SYS_getgroups,
+  SYS_getitimer, SYS_getpeername, SYS_getpgid, SYS_getpgrp, SYS_getpid, SYS_getppid,
+  SYS_getpriority, SYS_getrandom, SYS_getresgid, SYS_getresuid, SYS_getrlimit, SYS_getrusage,
+  SYS_getsid, SYS_getsockname, SYS_getsockopt, SYS_gettid, SYS_gettimeofday, SYS_getuid,
+  SYS_getxattr, SYS_inotify_add_watch, SYS_inotify_init, SYS_inotify_init1, SYS_inotify_rm_watch,
+  SYS_io_cancel, SYS_io_destroy, SYS_io_getevents, SYS_io_pgetevents, SYS_io_setup, SYS_io_submit,
+  SYS_io_uring_enter, SYS_io_uring_register, SYS_io_uring_setup, SYS_ioctl, SYS_ioprio_get,
+  SYS_kcmp, SYS_keyctl, SYS_kill, SYS_lgetxattr, SYS_link, SYS_linkat, SYS_listen, SYS_listxattr,
+  SYS_llistxattr, SYS_lremovexattr, SYS_lseek, SYS_lsetxattr, SYS_lstat, SYS_madvise,
+  SYS_membarrier, SYS_memfd_create, SYS_mkdir, SYS_mkdirat, SYS_mknod, SYS_mknodat, SYS_mlock,
+  SYS_mlock2, SYS_mlockall, SYS_mmap, SYS_mprotect, SYS_mq_getsetattr, SYS_mq_notify, SYS_mq_open,
+  SYS_mq_timedreceive, SYS_mq_timedsend, SYS_mq_unlink, SYS_mremap, SYS_msgctl, SYS_msgget,
+  SYS_msgrcv, SYS_msgsnd, SYS_msync, SYS_munlock, SYS_munlockall, SYS_munmap,
+  SYS_name_to_handle_at, SYS_nanosleep, SYS_newfstatat, SYS_open, SYS_openat, SYS_openat2,
+  SYS_pause, SYS_personality, SYS_pidfd_open, SYS_pidfd_send_signal, SYS_pipe, SYS_pipe2, SYS_poll,
+  SYS_ppoll, SYS_prctl, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_prlimit64, SYS_process_madvise,
+  SYS_process_vm_readv, SYS_process_vm_writev, SYS_pselect6, SYS_pwrite64, SYS_pwritev,
+  SYS_pwritev2, SYS_read, SYS_readahead, SYS_readlink, SYS_readlinkat, SYS_readv, SYS_recvfrom,
+  SYS_recvmmsg, SYS_recvmsg, SYS_remap_file_pages, SYS_removexattr, SYS_rename, SYS_renameat,
+  SYS_renameat2, SYS_request_key, SYS_restart_syscall, SYS_rmdir, SYS_rseq, SYS_rt_sigaction,
+  SYS_rt_sigpending, SYS_rt_sigprocmask, SYS_rt_sigqueueinfo, SYS_rt_sigreturn, SYS_rt_sigsuspend,
+  SYS_rt_sigtimedwait, SYS_rt_tgsigqueueinfo, SYS_sched_get_priority_max,
+  SYS_sched_get_priority_min, SYS_sched_getaffinity, SYS_sched_getattr, SYS_sched_getparam,
+  SYS_sched_getscheduler, SYS_sched_rr_get_interval, SYS_sched_yield, SYS_select, SYS_semctl,
+  SYS_semget, SYS_semop, SYS_semtimedop, SYS_sendfile, SYS_sendmmsg, SYS_sendmsg, SYS_sendto,
+  SYS_set_robust_list, SYS_set_thread_area, SYS_set_tid_address, SYS_setfsgid, SYS_setgid,
+  SYS_setitimer, SYS_setns, SYS_setpgid, SYS_setregid, SYS_setresgid, SYS_setsid, SYS_setsockopt,
+  SYS_setxattr, SYS_shmat, SYS_shmctl, SYS_shmdt, SYS_shmget, SYS_shutdown, SYS_sigaltstack,
+  SYS_signalfd, SYS_signalfd4, SYS_socket, SYS_socketpair, SYS_splice, SYS_stat, SYS_statfs,
+  SYS_statx, SYS_symlink, SYS_symlinkat, SYS_sync, SYS_sync_file_range, SYS_syncfs, SYS_sysinfo,
+  SYS_tee, SYS_tgkill, SYS_time, SYS_timer_create, SYS_timer_delete, SYS_timer_getoverrun,
+  SYS_timer_gettime, SYS_timer_settime, SYS_timerfd_create, SYS_timerfd_gettime,
+  SYS_timerfd_settime, SYS_times, SYS_tkill, SYS_truncate, SYS_umask, SYS_uname, SYS_unlink,
+  SYS_unlinkat, SYS_unshare, SYS_userfaultfd, SYS_utime, SYS_utimensat, SYS_utimes, SYS_vfork,
+  SYS_vmsplice, SYS_wait4, SYS_waitid, SYS_write, SYS_writev,
+};
+
+/* From here on the process, and what it runs, may make only the calls of
+ * service_calls (as systemd sets it up before it runs the service). */
+static void allow_only_service_calls(void) {
+  enum { N = sizeof service_calls / sizeof service_calls[0] };
+  static struct sock_filter f[2 * N + 5];
+  size_t k = 0;
+  f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+  f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+  f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+  for (size_t i = 0; i < N; i++) {
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)service_calls[i], 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  }
+  f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  struct sock_fprog prog = {(unsigned short)k, f};
+  REQUIRE(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+  REQUIRE(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+}
+
+static void *blocks_of_each_tier_freeing(void *block) {
+  free(block);
+  return blocks_of_each_tier() ? block : NULL;
+}
+
+/* What a service does with its memory, run by exec under the list: every
+ * tier, large blocks freed (the arena looks at how much of them was
+ * written), a thread freeing the main thread's block, locked memory, a
+ * fork, and purges. */
+static int service_child(void) {
+  bool ok = blocks_of_each_tier();
+  for (size_t i = 0; i < 40 && ok; i++) {
+    unsigned char *p = malloc((1 + i % 8) << 20);
+    ok = p != NULL;
+    if (ok) memset(p, (int)i, 64 << 10);
+    free(p);
+  }
+  pthread_t t;
+  void *block = malloc(100), *done = NULL;
+  ok &= pthread_create(&t, NULL, blocks_of_each_tier_freeing, block) == 0 && pthread_join(t, &done) == 0 &&
+        done == block;
+  if (mlockall(MCL_FUTURE) == 0) {
+    void *p[100];
+    for (int i = 0; i < 100; i++) ok &= (p[i] = malloc(60000)) != NULL;
+    for (int i = 0; i < 100; i++) free(p[i]);
+    ok &= blocks_of_each_tier() && munlockall() == 0;
+  }
+  pid_t pid = fork();
+  if (pid == 0) _exit(blocks_of_each_tier() ? 0 : 1);
+  int status = -1;
+  ok &= pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  usleep(400 * 1000); /* the purges, after the delay (100 ms) */
+  ok &= blocks_of_each_tier();
+  printf("service child: %s\n", ok ? "done" : "failed");
+  return ok ? 0 : 1;
+}
+
+/* Under systemd's list a service was killed at its first segment: hakmem
+ * asked mincore whether the segment was locked. The list holds: a call
+ * outside it kills the child that makes it. */
+TEST_T(a_service_allowed_only_systemds_system_service_calls_runs, 30) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    allow_only_service_calls();
+    unsigned char in;
+    syscall(SYS_mincore, &in, (size_t)1, &in);
+    _exit(0);
+  }
+  int status = wait_timeout(pid, 10);
+  CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS, "mincore outside the list: status %d", status);
+  pid = fork();
+  if (pid == 0) {
+    setenv("HAKMEM_PURGE_DELAY_MS", "100", 1);
+    allow_only_service_calls();
+    execl("/proc/self/exe", "test_faults", "--service-child", (char *)NULL);
+    _exit(99);
+  }
+  status = wait_timeout(pid, 20);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s %d", WIFSIGNALED(status) ? "killed by signal" : "status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : status);
+}
+#endif
 
 /* A large block the arena cannot hold lives in a mapping of its own (under
  * this limit the arena is a quarter of the address space left at most, 128
@@ -756,4 +898,9 @@ TEST_T(producer_consumer_rss_bounded_no_block_lost, 180) {
   CHECK_MSG(max_rss < (size_t)PC_RSS_MB * MiB, "RSS reached %zu MiB", max_rss / MiB);
 }
 
-TEST_MAIN("faults")
+int main(int argc, char **argv) {
+#if defined(__x86_64__)
+  if (argc > 1 && strcmp(argv[1], "--service-child") == 0) return service_child();
+#endif
+  return th_main("faults", argc, argv);
+}

@@ -1019,21 +1019,30 @@ TEST(a_range_made_read_only_under_mlockall_is_not_faulted_in) {
   hak_os_unmap(range, SIZE);
 }
 
-/* A page in memory tells of a lock only if the kernel counts locked memory:
- * one the program wrote does not. Then mincore is not asked again. */
+/* A page in memory is not a locked one: the page written (with zero, as
+ * the probe discards it) and the page never written leave commits as they
+ * were. */
 TEST(a_page_in_memory_without_a_lock_leaves_commits_as_they_were) {
   REQUIRE(hak_commit_strict == -1); /* not read yet */
-  uint8_t *written = hak_os_map(HAK_PAGE_SIZE), *locked = hak_os_map(HAK_PAGE_SIZE);
-  REQUIRE(written != NULL && locked != NULL);
-  written[0] = 1;
-  CHECK(!hak_os_found_locked(written));
+  uint8_t *page = hak_os_map(2 * HAK_PAGE_SIZE);
+  REQUIRE(page != NULL);
+  ((volatile uint8_t *)page)[0] = 0;
+  CHECK(!hak_os_found_locked(page));
+  CHECK(!hak_os_found_locked(page + HAK_PAGE_SIZE));
   CHECK(hak_commit_strict == -1);
-  REQUIRE(mlock(locked, HAK_PAGE_SIZE) == 0);
-  CHECK(!hak_os_found_locked(locked));
-  CHECK(hak_commit_strict == -1);
-  munlock(locked, HAK_PAGE_SIZE);
-  hak_os_unmap(written, HAK_PAGE_SIZE);
-  hak_os_unmap(locked, HAK_PAGE_SIZE);
+  hak_os_unmap(page, 2 * HAK_PAGE_SIZE);
+}
+
+/* The pages of a range in memory, read from the page table. */
+TEST(the_pages_in_memory_are_those_written) {
+  enum { PAGES = 16 };
+  uint8_t *range = hak_os_map(PAGES * HAK_PAGE_SIZE);
+  REQUIRE(range != NULL);
+  CHECK(hak_os_resident(range, PAGES * HAK_PAGE_SIZE) == 0);
+  for (int i = 1; i < PAGES; i += 5) range[i * HAK_PAGE_SIZE + 100] = 1;
+  CHECK(hak_os_resident(range, PAGES * HAK_PAGE_SIZE) == 3 * HAK_PAGE_SIZE);
+  CHECK(hak_os_resident(range + 2 * HAK_PAGE_SIZE, 4 * HAK_PAGE_SIZE) == 0);
+  hak_os_unmap(range, PAGES * HAK_PAGE_SIZE);
 }
 
 /* A page mlock faulted in, with the process's memory locked, is taken for
