@@ -409,7 +409,7 @@ bool hak_os_last_thread(void) {
  * refuses (sealed): the first ones moved, which nothing here can undo. */
 static void check_nothing_moved(void *old, size_t size) {
   int err = errno;
-  if (madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0) /* ENOMEM: unmapped */
+  if (madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM) /* unmapped */
     hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
   errno = err;
 }

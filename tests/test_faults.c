@@ -394,15 +394,22 @@ static const int service_calls[] = {
 };
 
 /* From here on the process, and what it runs, may make only the calls of
- * service_calls (as systemd sets it up before it runs the service). */
-static void allow_only_service_calls(void) {
-  enum { N = sizeof service_calls / sizeof service_calls[0] };
-  static struct sock_filter f[2 * N + 5];
+ * service_calls (as systemd sets it up before it runs the service), and
+ * those of `refused` fail with EPERM (as SystemCallFilter=~ and
+ * SystemCallErrorNumber=EPERM make them). */
+static void allow_only_service_calls(const int *refused, size_t n_refused) {
+  enum { N = sizeof service_calls / sizeof service_calls[0], MOST_REFUSED = 4 };
+  static struct sock_filter f[2 * (N + MOST_REFUSED) + 5];
   size_t k = 0;
+  REQUIRE(n_refused <= MOST_REFUSED);
   f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
   f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
   f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
   f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+  for (size_t i = 0; i < n_refused; i++) {
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)refused[i], 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  }
   for (size_t i = 0; i < N; i++) {
     f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)service_calls[i], 0, 1);
     f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
@@ -416,6 +423,23 @@ static void allow_only_service_calls(void) {
 static void *blocks_of_each_tier_freeing(void *block) {
   free(block);
   return blocks_of_each_tier() ? block : NULL;
+}
+
+/* calloc's blocks of each tier, where blocks were written and purged:
+ * false if one was refused or is not zero. */
+static bool calloc_reads_zero(void) {
+  static const size_t size[] = {48, 1000, 20000, 300 << 10};
+  static const int count[] = {2000, 500, 60, 3};
+  bool ok = true;
+  for (int k = 0; k < 4 && ok; k++) {
+    unsigned char *p[2000];
+    for (int i = 0; i < count[k]; i++) {
+      ok &= (p[i] = calloc(1, size[k])) != NULL;
+      for (size_t j = 0; p[i] != NULL && j < size[k]; j++) ok &= p[i][j] == 0;
+    }
+    for (int i = 0; i < count[k]; i++) free(p[i]);
+  }
+  return ok;
 }
 
 /* What a service does with its memory, run by exec under the list: every
@@ -445,7 +469,7 @@ static int service_child(void) {
   int status = -1;
   ok &= pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   usleep(400 * 1000); /* the purges, after the delay (100 ms) */
-  ok &= blocks_of_each_tier();
+  ok &= calloc_reads_zero() && blocks_of_each_tier();
   printf("service child: %s\n", ok ? "done" : "failed");
   return ok ? 0 : 1;
 }
@@ -453,26 +477,44 @@ static int service_child(void) {
 /* Under systemd's list a service was killed at its first segment: hakmem
  * asked mincore whether the segment was locked. The list holds: a call
  * outside it kills the child that makes it. */
+static void run_service_child(const int *refused, size_t n_refused) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("HAKMEM_PURGE_DELAY_MS", "100", 1);
+    allow_only_service_calls(refused, n_refused);
+    execl("/proc/self/exe", "test_faults", "--service-child", (char *)NULL);
+    _exit(99);
+  }
+  int status = wait_timeout(pid, 20);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s %d", WIFSIGNALED(status) ? "killed by signal" : "status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : status);
+}
+
 TEST_T(a_service_allowed_only_systemds_system_service_calls_runs, 30) {
   pid_t pid = fork();
   if (pid == 0) {
-    allow_only_service_calls();
+    allow_only_service_calls(NULL, 0);
     unsigned char in;
     syscall(SYS_mincore, &in, (size_t)1, &in);
     _exit(0);
   }
   int status = wait_timeout(pid, 10);
   CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS, "mincore outside the list: status %d", status);
-  pid = fork();
+  run_service_child(NULL, 0);
+}
+
+/* A list may refuse what the allocator would rather use: blocks are
+ * purged by mapping their pages again, and calloc still reads zero. */
+TEST_T(a_service_refused_madvise_and_mremap_runs_and_calloc_reads_zero, 30) {
+  static const int refused[] = {SYS_madvise, SYS_mremap};
+  pid_t pid = fork();
   if (pid == 0) {
-    setenv("HAKMEM_PURGE_DELAY_MS", "100", 1);
-    allow_only_service_calls();
-    execl("/proc/self/exe", "test_faults", "--service-child", (char *)NULL);
-    _exit(99);
+    allow_only_service_calls(refused, 2);
+    _exit(madvise(&pid, 1, MADV_NORMAL) == -1 && errno == EPERM ? 0 : 1);
   }
-  status = wait_timeout(pid, 20);
-  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s %d", WIFSIGNALED(status) ? "killed by signal" : "status",
-            WIFSIGNALED(status) ? WTERMSIG(status) : status);
+  int status = wait_timeout(pid, 10);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "madvise not refused: status %d", status);
+  run_service_child(refused, 2);
 }
 #endif
 
