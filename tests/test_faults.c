@@ -474,9 +474,8 @@ static int service_child(void) {
   return ok ? 0 : 1;
 }
 
-/* Under systemd's list a service was killed at its first segment: hakmem
- * asked mincore whether the segment was locked. The list holds: a call
- * outside it kills the child that makes it. */
+/* service_child, run by exec under the list with `refused` failing with
+ * EPERM, must exit 0. */
 static void run_service_child(const int *refused, size_t n_refused) {
   pid_t pid = fork();
   if (pid == 0) {
@@ -490,6 +489,9 @@ static void run_service_child(const int *refused, size_t n_refused) {
             WIFSIGNALED(status) ? WTERMSIG(status) : status);
 }
 
+/* Under systemd's list a service was killed at its first segment: hakmem
+ * asked mincore whether the segment was locked. The list holds: a call
+ * outside it kills the child that makes it. */
 TEST_T(a_service_allowed_only_systemds_system_service_calls_runs, 30) {
   pid_t pid = fork();
   if (pid == 0) {
