@@ -243,25 +243,31 @@ static bool page_locked(const void *p) {
   return locked;
 }
 
-/* Blocks of each tier, written, then checked and freed: false if one was
- * refused or lost its bytes. */
-static bool blocks_of_each_tier(void) {
+/* Blocks of each tier, from calloc and read zero, or from malloc, written
+ * and checked; then freed. False if one was refused or wrong. */
+static bool tier_blocks(bool from_calloc) {
   static const size_t size[] = {48, 1000, 20000, 300 << 10};
   static const int count[] = {2000, 500, 60, 3};
   bool ok = true;
   for (int k = 0; k < 4 && ok; k++) {
     unsigned char *p[2000];
     for (int i = 0; i < count[k]; i++) {
-      ok &= (p[i] = malloc(size[k])) != NULL;
-      if (p[i]) memset(p[i], i & 0xFF, size[k]);
+      ok &= (p[i] = from_calloc ? calloc(1, size[k]) : malloc(size[k])) != NULL;
+      if (p[i] == NULL) continue;
+      if (!from_calloc) memset(p[i], i & 0xFF, size[k]);
+      for (size_t j = 0; from_calloc && j < size[k]; j++) ok &= p[i][j] == 0;
     }
     for (int i = 0; i < count[k]; i++) {
-      if (p[i]) ok &= p[i][0] == (i & 0xFF) && p[i][size[k] - 1] == (i & 0xFF);
+      if (p[i] && !from_calloc) ok &= p[i][0] == (i & 0xFF) && p[i][size[k] - 1] == (i & 0xFF);
       free(p[i]);
     }
   }
   return ok;
 }
+
+/* Blocks of each tier, written, then checked and freed: false if one was
+ * refused or lost its bytes. */
+static bool blocks_of_each_tier(void) { return tier_blocks(false); }
 
 static void *blocks_of_each_tier_thread(void *ok) {
   *(bool *)ok = blocks_of_each_tier();
@@ -427,20 +433,7 @@ static void *blocks_of_each_tier_freeing(void *block) {
 
 /* calloc's blocks of each tier, where blocks were written and purged:
  * false if one was refused or is not zero. */
-static bool calloc_reads_zero(void) {
-  static const size_t size[] = {48, 1000, 20000, 300 << 10};
-  static const int count[] = {2000, 500, 60, 3};
-  bool ok = true;
-  for (int k = 0; k < 4 && ok; k++) {
-    unsigned char *p[2000];
-    for (int i = 0; i < count[k]; i++) {
-      ok &= (p[i] = calloc(1, size[k])) != NULL;
-      for (size_t j = 0; p[i] != NULL && j < size[k]; j++) ok &= p[i][j] == 0;
-    }
-    for (int i = 0; i < count[k]; i++) free(p[i]);
-  }
-  return ok;
-}
+static bool calloc_reads_zero(void) { return tier_blocks(true); }
 
 /* What a service does with its memory, run by exec under the list: every
  * tier, large blocks freed (the arena looks at how much of them was
