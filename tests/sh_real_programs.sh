@@ -3,7 +3,7 @@
 # with the system allocator and once with hakmem; stdout, stderr and the exit
 # code must be identical. Missing programs are failures (CI installs them:
 # python3 libpython3.11-testsuite perl coreutils gcc g++ nodejs
-# openjdk-17-jdk-headless sqlite3 redis-server redis-tools).
+# openjdk-17-jdk-headless sqlite3 redis-server redis-tools postgresql).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -434,6 +434,68 @@ if need redis_workload redis-server redis-cli redis-benchmark; then
   else
     bad redis_allocations_served_by_hakmem "hakmem's peak mapped '${peak:-none}' KiB < 64 MiB after a 64 MiB string"
   fi
+fi
+
+# ---------------------------------------------------------------- postgres
+# A PostgreSQL cluster made by initdb (its bootstrap backend), a server
+# whose backends are forks of the postmaster, pgbench's loads (4 clients),
+# sorts, hash joins and JSON over a million rows, a join run by two
+# parallel workers (forked, in dynamic shared memory) and compiled by
+# LLVM's JIT (a C++ library), pg_dump; the results, the dump's digest and
+# the server log's crashes must match. The server refuses root: as root the
+# workload runs as the postgres user.
+cat >"$T/run_pg.sh" <<'EOF'
+set -e
+B=$1 d=$PWD/pg # the server's bin directory; pg, a directory its user owns
+rm -rf "$d/data"
+"$B/initdb" -D "$d/data" -A trust -E UTF8 --locale=C >"$d/initdb.log"
+"$B/pg_ctl" -D "$d/data" -l "$d/log" -w start -o "-k $d -c listen_addresses=" >/dev/null
+export PGHOST=$d PGUSER=$(id -un) PGDATABASE=postgres
+pm=$(head -1 "$d/data/postmaster.pid")
+if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$pm/maps"; then
+  echo "the server maps the preloaded library"
+fi
+"$B/pgbench" -q -i -s 2 >/dev/null 2>&1
+"$B/pgbench" -n -c 4 -j 2 -t 300 >/dev/null
+"$B/pgbench" -n -S -c 4 -j 2 -t 2000 >/dev/null
+"$B/psql" -X -A -t -q -v ON_ERROR_STOP=1 <<'SQL'
+SET work_mem = '256MB'; -- in this session, with no worker: a container's /dev/shm is small
+SET max_parallel_workers_per_gather = 0;
+SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT sum(delta) FROM pgbench_history),
+       (SELECT sum(tbalance) FROM pgbench_tellers) = (SELECT sum(delta) FROM pgbench_history),
+       (SELECT count(*) FROM pgbench_history);
+SELECT md5(string_agg(x::text, ',' ORDER BY x DESC)) FROM generate_series(1, 1000000) x;
+SELECT md5(jsonb_agg(jsonb_build_object('k', x, 'v', repeat('ab', x % 50)) ORDER BY x)::text)
+  FROM generate_series(1, 100000) x;
+CREATE TABLE t AS SELECT x, md5(x::text) h, repeat('y', x % 3000) pad FROM generate_series(1, 100000) x;
+CREATE INDEX ON t (h);
+ANALYZE t;
+SELECT count(*), md5(string_agg(h, '' ORDER BY h)) FROM t WHERE h > '8';
+SELECT count(*), sum(length(a.pad)) FROM t a JOIN t b ON a.h = b.h WHERE a.x % 3 = 0;
+SELECT md5(array_agg(md5(x::text) ORDER BY md5(x::text))::text) FROM generate_series(1, 300000) x;
+SQL
+# the join again, planned for two parallel workers and compiled by the JIT
+"$B/psql" -X -A -t -q -v ON_ERROR_STOP=1 -c "SET parallel_setup_cost = 0" \
+  -c "SET parallel_tuple_cost = 0" -c "SET jit_above_cost = 0" \
+  -c "EXPLAIN (ANALYZE, TIMING OFF, SUMMARY OFF)
+      SELECT count(*) FROM t a JOIN t b ON a.h = b.h WHERE a.x % 3 = 0" |
+  grep -o "Workers Launched: [0-9]*\|JIT:\|Functions: [0-9]*"
+# the dump but for its comments and its \restrict line's random key
+"$B/pg_dump" -t t | grep -v '^--\|^\\restrict\|^\\unrestrict' | md5sum
+"$B/pg_ctl" -D "$d/data" -w stop -m fast >/dev/null
+echo "crashes in the log: $(grep -c 'terminated by signal\|PANIC' "$d/log" || true)"
+EOF
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+if [ -z "$PGBIN" ] || [ ! -x "$PGBIN/pgbench" ]; then
+  bad postgres_workload "PostgreSQL's server is not installed (apt-get install postgresql)"
+else
+  mkdir "$T/pg"
+  as_pg=()
+  if [ "$(id -u)" = 0 ]; then # the user Debian's package makes; $T opens to it
+    as_pg=(runuser -u postgres --)
+    chown postgres "$T/pg" && chmod 711 "$T"
+  fi
+  same postgres_workload "${as_pg[@]}" bash "$T/run_pg.sh" "$PGBIN"
 fi
 
 # ---------------------------------------------------------------- hakmem really served
