@@ -450,6 +450,7 @@ B=$1 d=$PWD/pg # the server's bin directory; pg, a directory its user owns
 rm -rf "$d/data"
 "$B/initdb" -D "$d/data" -A trust -E UTF8 --locale=C >"$d/initdb.log"
 "$B/pg_ctl" -D "$d/data" -l "$d/log" -w start -o "-k $d -c listen_addresses=" >/dev/null
+trap '"$B/pg_ctl" -D "$d/data" -w stop -m immediate >/dev/null 2>&1 || true' EXIT # a failed step's too
 export PGHOST=$d PGUSER=$(id -un) PGDATABASE=postgres
 pm=$(head -1 "$d/data/postmaster.pid")
 if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$pm/maps"; then
