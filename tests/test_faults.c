@@ -9,6 +9,7 @@
  *   churn: peak RSS (VmHWM) below CHURN_HWM_MB
  *   producer/consumer: RSS below PC_RSS_MB at every 50 ms sample */
 #define _GNU_SOURCE
+#include "blocks.h"
 #include "harness.h"
 
 #include <errno.h>
@@ -254,8 +255,10 @@ static bool tier_blocks(bool from_calloc) {
     for (int i = 0; i < count[k]; i++) {
       ok &= (p[i] = from_calloc ? calloc(1, size[k]) : malloc(size[k])) != NULL;
       if (p[i] == NULL) continue;
-      if (!from_calloc) memset(p[i], i & 0xFF, size[k]);
-      for (size_t j = 0; from_calloc && j < size[k]; j++) ok &= p[i][j] == 0;
+      if (from_calloc)
+        ok &= first_nonzero(p[i], size[k]) == size[k];
+      else
+        memset(p[i], i & 0xFF, size[k]);
     }
     for (int i = 0; i < count[k]; i++) {
       if (p[i] && !from_calloc) ok &= p[i][0] == (i & 0xFF) && p[i][size[k] - 1] == (i & 0xFF);
