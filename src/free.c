@@ -9,7 +9,9 @@ static HAK_COLD __attribute__((noreturn)) void report(const char *what, const vo
   hak_fatal("hakmem: %s of %p", what, p);
 }
 
-HAK_COLD void hak_invalid_free(const void *p) { report("invalid free", p); }
+HAK_COLD void hak_invalid_free(const void *p) {
+  report(hak_large_freed_start(p) ? "double free" : "invalid free", p);
+}
 HAK_COLD void hak_double_free(const void *p) { report("double free", p); }
 #if HAK_SECURE
 HAK_COLD void hak_overflow(const void *p) { report("heap overflow detected in block", p); }

@@ -210,6 +210,9 @@ extern pthread_mutex_t hak_segmap_lock; /* taken last */
  * or NULL; (p - 1) is in the arena: its segment-map byte is
  * HAK_SEGMAP_LARGE (large.c). */
 hak_segment_t *hak_large_header(const void *p);
+/* p was where an arena block started, freed and its header gone since
+ * (a purge): freeing it again is a double free. */
+bool hak_large_freed_start(const void *p);
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
   uint8_t m = hak_segmap_of(p);
@@ -556,6 +559,11 @@ extern _Atomic int hak_purge_started, hak_purge_running;
 void hak_purge_start_slow(void);
 /* What a program of one thread maps before the purger gets a thread. */
 #define HAK_PURGER_MIN_MAPPED ((size_t)32 << 20)
+/* Purges run only in the program's own calls: it has no purger thread and
+ * would get none (HAKMEM_PURGE_THREAD=0, a refused thread, or one thread
+ * that has mapped little), so nothing gives back on time what it freed
+ * before it stopped calling. */
+bool hak_purge_in_calls_only(void);
 /* Starts the purger thread if it was asked for and is not running, or,
  * where it runs no thread, makes a pass that is due; called only where no
  * lock is held and the caller's own work is done, as creating the thread

@@ -13,9 +13,10 @@
  * free chunks form one run, a longer run is split, and a block grows in
  * place into free chunks after it. A free chunk is purged once it has been
  * idle for the purge delay, or sooner when free committed bytes exceed
- * HAKMEM_LARGE_CACHE_MB (or the live bytes, if more). A block the arena
- * cannot hold (alignment above a chunk, or no room) gets a mapping of its
- * own, unmapped when freed.
+ * HAKMEM_LARGE_CACHE_MB (or the live bytes, if more), or, where purges
+ * run in the program's calls only, a bound learnt from its reuse
+ * (calls_keep). A block the arena cannot hold (alignment above a chunk, or
+ * no room) gets a mapping of its own, unmapped when freed.
  *
  * The reservation is inaccessible, so that mlockall faults in only what
  * blocks use: a block's chunks are made readable and writable, whole, or
@@ -56,11 +57,12 @@ static _Alignas(HAK_PAGE_SIZE) struct {
   /* Bytes of a chunk that may be committed: the most any block has used
    * of it since its last purge. */
   uint32_t dirt[ARENA_CHUNKS];
-  /* Chunk i holds a block's header: set by malloc, cleared when the chunk
-   * is reused for another block's body or purged, so that freeing a block
-   * again is reported as a double free, and a pointer into a body chunk as
-   * an invalid one. A byte, not a bit: free reads it without the lock, and
-   * no other chunk's update may rewrite it. */
+  /* Chunk i holds a block's header (HEAD_HERE): set by malloc, so that
+   * freeing a block again is reported as a double free, and a pointer into
+   * a body chunk as an invalid one. HEAD_GONE once the header of a freed
+   * block went with the chunk's pages (a purge, a move), until the chunk is
+   * reused. A byte, not a bit: free reads it without the lock, and no other
+   * chunk's update may rewrite it. */
   uint8_t head_mark[ARENA_CHUNKS];
   /* The links of dirt_bins and run_bins, below. */
   uint32_t dirt_next[ARENA_CHUNKS], dirt_prev[ARENA_CHUNKS];
@@ -100,6 +102,8 @@ static const chunk_bins_t run_bins = {run_head, tab.run_next, tab.run_prev, run_
 static HAK_NEAR_DATA size_t high; /* chunks [0, high) have been used */
 static HAK_NEAR_DATA size_t live_chunks; /* chunks of blocks */
 static HAK_NEAR_DATA size_t dirty_bytes;
+
+enum { HEAD_NONE, HEAD_HERE, HEAD_GONE };
 
 static bool bit_get(const uint64_t *bits, size_t k) { return bits[k >> 6] >> (k & 63) & 1; }
 static void bit_set(uint64_t *bits, size_t k, bool on) {
@@ -301,11 +305,16 @@ static void dirt_fold(size_t k, size_t used) {
   if (used > tab.dirt[k]) tab.dirt[k] = (uint32_t)used;
 }
 
+/* Chunk k's header, if any, went with its pages. */
+static void head_gone(size_t k) {
+  if (tab.head_mark[k] != HEAD_NONE) tab.head_mark[k] = HEAD_GONE;
+}
+
 /* Free chunk k holds no committed pages any more (purged or moved away). */
 static void chunk_forget(size_t k) {
   chunk_bin_remove(k);
   bit_set(tab.dirty_bits, k, false);
-  tab.head_mark[k] = 0;
+  head_gone(k);
   dirty_add(tab.dirt[k], false);
   tab.dirt[k] = 0;
 }
@@ -325,7 +334,7 @@ static void chunks_claim(size_t i, size_t n, bool first) {
       fresh++;
     }
     bit_set(tab.used_bits, k, true);
-    tab.head_mark[k] = first && k == i;
+    tab.head_mark[k] = first && k == i ? HEAD_HERE : HEAD_NONE;
   }
   live_chunks += n;
   if (was_dirty) dirty_add(was_dirty, false);
@@ -479,19 +488,63 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
   return dirty_bytes != 0;
 }
 
-/* Keeps free committed chunks within HAKMEM_LARGE_CACHE_MB, or the bytes of
- * live blocks if more, purging the longest idle first, and no more than
- * the excess: the blocks freed in one millisecond (four of 64 MiB) went
- * back whole for a chunk too many, and were faulted in again. */
-static void arena_trim_locked(void) {
-  size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
-  if (limit && live > limit) limit = live; /* a program with more live churns more */
+/* Purges the longest idle free chunks until no more than `limit` bytes
+ * stay committed, and no more than the excess: the blocks freed in one
+ * millisecond (four of 64 MiB) went back whole for a chunk too many, and
+ * were faulted in again. */
+static void trim_to_locked(size_t limit) {
   while (dirty_bytes > limit) {
     uint64_t oldest = UINT64_MAX;
     for (size_t i = bit_next(tab.dirty_bits, 0, true); i < high; i = bit_next(tab.dirty_bits, i + 1, true))
       if (tab.freed_ms[i] < oldest) oldest = tab.freed_ms[i];
     arena_purge_locked(false, oldest, limit);
   }
+}
+
+/* Free committed chunks stay within HAKMEM_LARGE_CACHE_MB, or the bytes of
+ * live blocks if more (a program with more live churns more). */
+static size_t cache_limit(void) {
+  size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
+  return limit && live > limit ? live : limit;
+}
+
+/* A program whose purges run in its calls only (hak_purge_in_calls_only)
+ * may stop calling for good after a free, as a server's process does
+ * between clients: 40 idle PostgreSQL backends kept 3 MiB each of the
+ * blocks their sorts had freed. So its frees keep no more than calls_keep
+ * bytes of free chunks. The bound learns: a block that faults in pages
+ * within the delay of such a trim doubles it (at least to the block's
+ * size); a pass that finds chunks idle for the delay halves it. */
+static _Atomic size_t calls_keep; /* written under hak_large_lock */
+static HAK_NEAR_DATA uint64_t calls_trim_ms; /* the last such trim, 0 before any */
+
+static void calls_keep_learn(size_t map_size) {
+  if (calls_trim_ms == 0 || hak_clock_ms() - calls_trim_ms >= (uint64_t)hak_opt.purge_delay_ms ||
+      !hak_purge_in_calls_only())
+    return;
+  size_t keep = 2 * atomic_load_explicit(&calls_keep, memory_order_relaxed);
+  atomic_store_explicit(&calls_keep, keep > map_size ? keep : map_size, memory_order_relaxed);
+}
+
+static void calls_keep_halve(void) {
+  atomic_store_explicit(&calls_keep, atomic_load_explicit(&calls_keep, memory_order_relaxed) / 2,
+                        memory_order_relaxed);
+}
+
+/* Bytes of freed blocks that heaps keep (kept_put), beside the arena's. */
+static size_t kept_bytes(void) {
+  return atomic_load_explicit(&hak_gstats.large_cached, memory_order_relaxed) - dirty_bytes;
+}
+
+/* After a free: the cache's bound, or calls_keep's if lower. */
+static void trim_locked(void) {
+  size_t limit = cache_limit(), keep = atomic_load_explicit(&calls_keep, memory_order_relaxed);
+  if (hak_purge_in_calls_only() && keep < limit) {
+    size_t kept = kept_bytes();
+    limit = keep > kept ? keep - kept : 0;
+    if (dirty_bytes > limit) calls_trim_ms = hak_clock_ms();
+  }
+  trim_to_locked(limit);
 }
 
 /* Moving committed pages costs less than faulting in new ones: on bare
@@ -593,7 +646,7 @@ static void chunk_fill(size_t k, size_t need) {
     tab.dirt[donor] = (uint32_t)mine;
     dirty_add(mine, true);
     chunk_bin_add(donor);
-    tab.head_mark[donor] = 0;
+    head_gone(donor);
     uint32_t own = tab.accessible[k];
     tab.accessible[k] = tab.accessible[donor];
     tab.accessible[donor] = own;
@@ -684,6 +737,7 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
       chunks_claim(i, n, true);
       bool fresh = block_fill(i, map_size, offset, i, whole);
       faults = grow_fresh_bytes(i, map_size, 0, offset);
+      if (faults) calls_keep_learn(map_size);
       seg = (hak_segment_t *)chunk_addr(i);
       header_init(seg, map_size, offset, fresh);
     }
@@ -714,7 +768,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
     /* the last chunk kept stays committed as far as the block used it */
     dirt_fold(i + m - 1, chunk_use(seg->map_size, offset, m - 1));
     seg->map_size = new_map;
-    arena_trim_locked();
+    trim_locked();
     goto out;
   }
   bool room = i + m <= arena_chunks;
@@ -771,7 +825,7 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
   chunks_free(i, n);
   block_fill(j, new_map, offset, j + n, again);
   faults = grow_fresh_bytes(j, new_map, old_map, offset);
-  tab.head_mark[i] = 0;
+  head_gone(i);
   hak_stats_mapped(n << GRAIN_SHIFT, false);
   dst->map_size = new_map;
   dst->grown = 1;
@@ -817,7 +871,15 @@ static void large_unmap(hak_segment_t *seg) {
 hak_segment_t *hak_large_header(const void *p) {
   HAK_ASSERT(in_arena((const uint8_t *)p - 1)); /* the segment map says so */
   size_t i = chunk_index((const uint8_t *)p - 1);
-  return tab.head_mark[i] ? (hak_segment_t *)chunk_addr(i) : NULL;
+  return tab.head_mark[i] == HEAD_HERE ? (hak_segment_t *)chunk_addr(i) : NULL;
+}
+
+bool hak_large_freed_start(const void *p) {
+  if (!in_arena((const uint8_t *)p - 1)) return false;
+  size_t i = chunk_index((const uint8_t *)p - 1);
+  uintptr_t offset = (uintptr_t)p - (uintptr_t)chunk_addr(i);
+  return tab.head_mark[i] == HEAD_GONE &&
+         (offset == HAK_LARGE_OFFSET || (offset > HAK_LARGE_OFFSET && (offset & (offset - 1)) == 0));
 }
 
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bool whole) {
@@ -835,10 +897,14 @@ static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bo
  * takes a block with an exchange, which the purger's may beat; only the
  * owner puts one into an empty place. Without a purge delay, or without
  * the purger that gives back what an idle thread keeps, freed blocks go to
- * the arena at once. */
+ * the arena at once; where purges run in the program's calls only, unless
+ * calls_keep covers them. */
 static bool kept_eligible(const hak_segment_t *seg) {
   return !HAK_GUARD_PAGES && seg->large_offset == HAK_LARGE_OFFSET && seg->map_size <= GRAIN &&
-         hak_opt.purge_delay_ms != 0 && hak_opt.purge_thread;
+         hak_opt.purge_delay_ms != 0 && hak_opt.purge_thread &&
+         (!hak_purge_in_calls_only() ||
+          atomic_load_explicit(&hak_gstats.large_cached, memory_order_relaxed) + seg->map_size <=
+              atomic_load_explicit(&calls_keep, memory_order_relaxed));
 }
 
 static hak_segment_t *kept_take(hak_heap_t *heap, size_t map_size) {
@@ -878,7 +944,7 @@ static void release_locked(hak_segment_t *seg) {
   sample_written(seg);
   chunks_release(chunk_index(seg), chunks_of(seg->map_size), seg->map_size, seg->large_offset);
   if (hak_opt.purge_delay_ms == 0) arena_purge_locked(true, 0, 0);
-  else arena_trim_locked();
+  else trim_locked();
 }
 
 bool hak_large_kept_release(hak_heap_t *heap, bool force) {
@@ -957,7 +1023,9 @@ void *hak_large_alloc_grown(size_t size, bool small_step) {
 
 bool hak_large_cache_collect(bool force) {
   pthread_mutex_lock(&hak_large_lock);
+  size_t had = dirty_bytes;
   bool pending = arena_purge_locked(force, 0, 0);
+  if (!force && dirty_bytes < had) calls_keep_halve();
   pthread_mutex_unlock(&hak_large_lock);
   return pending;
 }

@@ -19,7 +19,9 @@
   X(purge_thread, "PURGE_THREAD", 1, 0, 1,                                     \
     "Return memory on time from a background thread even when the program "   \
     "stops calling malloc (1); 0 purges only during allocation. A program "    \
-    "of one thread gets the thread once it has mapped 32 MiB.")                \
+    "of one thread gets the thread once it has mapped 32 MiB; without it, "    \
+    "freed large blocks stay committed only as far as the program reused "     \
+    "them within the delay.")                                                  \
   X(segment_cache, "SEGMENT_CACHE", 8, 0, 1024,                                \
     "Free 4 MiB segments kept mapped for reuse; only the last one cached "     \
     "stays committed until the purge delay, the others are purged at once.")   \

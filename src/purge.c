@@ -206,6 +206,17 @@ static bool purger_worth_a_thread(void) {
   return atomic_load_explicit(&hak_gstats.mapped, memory_order_relaxed) >= HAK_PURGER_MIN_MAPPED;
 }
 
+/* No thread could be made (a limit of threads, or of locked memory that
+ * refuses any stack): the program's calls make the passes from then on. */
+static _Atomic bool thread_refused;
+
+bool hak_purge_in_calls_only(void) {
+  return hak_opt.purge_delay_ms != 0 &&
+         !atomic_load_explicit(&hak_purge_started, memory_order_relaxed) &&
+         (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed) ||
+          !purger_worth_a_thread());
+}
+
 /* The thread's stack, mapped here rather than by glibc: a program that
  * locked its future memory (mlockall) has all it maps faulted in and
  * locked, the whole default 8 MiB. The top page is made accessible first;
@@ -253,14 +264,9 @@ static bool thread_create(bool own_stack) {
   return done;
 }
 
-/* No thread could be made (a limit of threads, or of locked memory that
- * refuses any stack): the program's calls make the passes from then on. */
-static _Atomic bool thread_refused;
-
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
-  if (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed) ||
-      !purger_worth_a_thread()) {
+  if (hak_purge_in_calls_only()) {
     purge_inline();
     return;
   }

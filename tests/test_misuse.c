@@ -354,10 +354,21 @@ static void do_double_free_large(int fd) { double_free(fd, 1 << 20); }
 TEST(double_free_of_small_block_aborts) { expect_abort(do_double_free_small, DOUBLE); }
 TEST(double_free_of_16KiB_block_aborts) { expect_abort(do_double_free_medium, DOUBLE); }
 TEST(double_free_of_1MiB_block_aborts) { expect_abort(do_double_free_large, DOUBLE); }
+/* The same where the freed block stays committed, its header with it: a
+ * program that has had a second thread (its purges do not run in its
+ * calls only, so its frees keep large blocks for the delay). */
+static void *no_work(void *arg) { return arg; }
+static void do_double_free_large_kept(int fd) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, no_work, NULL) == 0 && pthread_join(t, NULL) == 0);
+  double_free(fd, 1 << 20);
+}
+TEST(double_free_of_a_kept_1MiB_block_aborts) { expect_abort(do_double_free_large_kept, DOUBLE); }
 TEST(double_free_in_a_thread_with_a_cancel_pending_aborts) {
   expect_abort(do_double_free_cancel_pending, DOUBLE);
 }
-/* realloc of a freed large block: its chunk still holds its header */
+/* realloc of a freed large block, whose header went with its chunk's pages
+ * at the free (a program of one thread that has mapped little) */
 static void do_realloc_freed_large(int fd) {
   char *p = malloc(1 << 20);
   REQUIRE(p != NULL);

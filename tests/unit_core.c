@@ -296,8 +296,17 @@ static hak_slab_t *fill_three_slabs_and_free(void) {
 
 /* ---- large blocks: the arena ---- */
 
-TEST(freed_large_block_pages_serve_a_smaller_one) {
+/* Freed large blocks stay committed for the delay, here 100 s, as in a
+ * program whose purger thread runs: where purges run in the program's
+ * calls only, its frees keep no more than a bound learnt from its reuse
+ * (large.c, calls_keep), 0 in a new process. */
+static void keep_freed_large_blocks(void) {
   hak_opt.purge_delay_ms = 100000;
+  atomic_store(&hak_purge_started, 1);
+}
+
+TEST(freed_large_block_pages_serve_a_smaller_one) {
+  keep_freed_large_blocks();
   size_t big = (size_t)20 << 20, small = (size_t)5 << 20;
   uint8_t *a = malloc(big);
   REQUIRE(a != NULL);
@@ -348,7 +357,7 @@ TEST(a_freed_large_block_past_many_live_ones_is_reused) {
 /* A block of one chunk goes where the most of it is committed already and,
  * among the chunks that cover it all, where the least is left over. */
 TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   hak_opt.purge_thread = 0; /* no block is kept (large.c): the arena places them all */
   enum { N = 5 };
   const size_t kib = 1024, sizes[N] = {520 * kib, 560 * kib, 600 * kib, 280 * kib, 300 * kib};
@@ -369,7 +378,7 @@ TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
 /* A thread's freed blocks of one chunk wait for its next large blocks of
  * about their size; a size none of them fits gives them all back. */
 TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   hak_heap_t *heap = hak_heap_get();
   REQUIRE(heap != NULL);
   hak_large_kept_release(heap, true);
@@ -458,7 +467,7 @@ static uint8_t *isolated_dirty_chunk(uint8_t **before, uint8_t **after, int fill
 }
 
 TEST(a_new_large_block_takes_committed_pages_of_a_free_chunk) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
   REQUIRE(a != NULL);
   REQUIRE(resident_pages(a, 64 * 4096) == 64);
@@ -524,7 +533,7 @@ TEST(pages_move_to_a_new_large_block_only_while_freed_blocks_wrote_theirs) {
 /* A block aligned to a chunk starts a chunk after its header, which needs
  * the header's page only: a free chunk's pages go under the block's bytes. */
 TEST(a_chunk_aligned_block_takes_committed_pages_for_its_bytes_not_its_header) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 5);
   REQUIRE(a != NULL);
   void *p = NULL;
@@ -546,7 +555,7 @@ TEST(a_chunk_aligned_block_takes_committed_pages_for_its_bytes_not_its_header) {
  * donor's place, where they stay committed, a free chunk's (a move over
  * them dropped them). */
 TEST(a_chunk_that_takes_a_donors_pages_gives_its_own_in_exchange) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   const size_t mib = (size_t)1 << 20, two = HAK_LARGE_GRAIN + HAK_LARGE_GRAIN / 2;
   uint8_t *g0 = malloc(mib), *b = malloc(two), *g1 = malloc(mib);
   uint8_t *d = malloc(HAK_LARGE_GRAIN - 64 * 1024), *g2 = malloc(mib);
@@ -570,7 +579,7 @@ TEST(a_chunk_that_takes_a_donors_pages_gives_its_own_in_exchange) {
 }
 
 TEST(calloc_clears_pages_taken_from_a_free_chunk) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   uint8_t *before, *after, *a = isolated_dirty_chunk(&before, &after, 0xAB);
   REQUIRE(a != NULL);
   size_t sz = FOUR_CHUNKS;
@@ -584,7 +593,7 @@ TEST(calloc_clears_pages_taken_from_a_free_chunk) {
 }
 
 TEST(large_realloc_growth_takes_committed_pages_of_a_free_chunk) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   size_t sz = TWO_CHUNKS;
   uint8_t *before = malloc(sz), *a = malloc(sz), *after = malloc(sz), *x = malloc(sz);
   REQUIRE(before && a && after && x > after); /* x is last: it can grow in place */
@@ -735,7 +744,7 @@ TEST(large_blocks_of_several_chunks_reuse_free_runs) {
  * chunk's pages whole, though the step needs a few of them, as the
  * growth within a chunk that holds its bytes could not take them any more. */
 TEST(a_block_realloc_grows_again_takes_a_whole_chunk_of_committed_pages) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   uint8_t *before = malloc(TWO_CHUNKS), *a = malloc(TWO_CHUNKS), *after = malloc(TWO_CHUNKS);
   uint8_t *x = malloc(HAK_LARGE_GRAIN - 3 * 4096); /* one chunk, last */
   REQUIRE(before && a && after && x > after);
@@ -796,6 +805,7 @@ TEST(free_large_chunks_are_purged_after_delay) {
  * again, unless it asks for more than hakmem holds: a probe for a huge
  * size fails with the caches left alone. */
 TEST(huge_request_fails_without_emptying_the_caches) {
+  keep_freed_large_blocks();
   size_t sz = (size_t)8 << 20;
   uint8_t *a = malloc(sz);
   REQUIRE(a != NULL);
@@ -2176,7 +2186,7 @@ static size_t free_two_written_chunks(uint8_t **chunks) {
  * calloc from those pages reads zero. A program's first span blocks do not
  * take them (4 MiB of pages for one block). */
 TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   flush_span_caches();
   hak_release_all(); /* no dirty span run left: the blocks below need new segments */
   size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(NULL);
@@ -2207,7 +2217,7 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
  * written, and none of its units counts as zero (their slabs' unused
  * pages are purged on time). */
 TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   hak_opt.segment_cache = 0; /* new segments are fresh ones */
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
@@ -2237,7 +2247,7 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
  * not the word that lay there (in a block's body, any): one under 4 MiB
  * made its units refused, and malloc failed with ENOMEM. */
 TEST(a_new_slab_segment_over_the_arenas_pages_keeps_its_bounds) {
-  hak_opt.purge_delay_ms = 100000;
+  keep_freed_large_blocks();
   hak_opt.segment_cache = 0; /* new segments are fresh ones */
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
