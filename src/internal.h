@@ -211,7 +211,8 @@ extern pthread_mutex_t hak_segmap_lock; /* taken last */
  * HAK_SEGMAP_LARGE (large.c). */
 hak_segment_t *hak_large_header(const void *p);
 /* p was where an arena block started, freed and its header gone since
- * (a purge): freeing it again is a double free. */
+ * (its chunk purged, or its pages moved to another block): freeing it
+ * again is a double free. */
 bool hak_large_freed_start(const void *p);
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
