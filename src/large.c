@@ -878,8 +878,8 @@ bool hak_large_freed_start(const void *p) {
   if (!in_arena((const uint8_t *)p - 1)) return false;
   size_t i = chunk_index((const uint8_t *)p - 1);
   uintptr_t offset = (uintptr_t)p - (uintptr_t)chunk_addr(i);
-  return tab.head_mark[i] == HEAD_GONE &&
-         (offset == HAK_LARGE_OFFSET || (offset > HAK_LARGE_OFFSET && (offset & (offset - 1)) == 0));
+  /* HAK_LARGE_OFFSET, or an alignment past it: powers of two */
+  return tab.head_mark[i] == HEAD_GONE && offset >= HAK_LARGE_OFFSET && (offset & (offset - 1)) == 0;
 }
 
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bool whole) {

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -84,6 +85,13 @@ static inline long th_proc_status(const char *field) {
 
 /* The process's resident set (VmRSS) in KiB, or -1. */
 static inline long th_vm_rss_kib(void) { return th_proc_status("VmRSS"); }
+
+/* The process's minor page faults so far. */
+static inline long th_minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
 
 /* fn(arg) in a new thread, waited for: with a 64 KiB stack, which a
  * program that locked its future memory (mlockall) has faulted in whole,

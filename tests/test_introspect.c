@@ -16,7 +16,6 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
@@ -263,12 +262,6 @@ TEST(without_the_purger_thread_the_calls_purge_what_is_due) {
   run_child("--calls-purge-child"); /* a program of one thread that maps little: none either */
 }
 
-static long minor_faults(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_minflt;
-}
-
 /* A program whose purges run in its calls only may stop calling for good
  * after a free, as a server's process does between clients: the large
  * blocks it freed go back at once, not after a delay nothing would see
@@ -281,9 +274,9 @@ static int calls_idle_child(void) {
   long full = th_vm_rss_kib();
   drain(large, 3);
   long freed = th_vm_rss_kib();
-  long faults = minor_faults();
+  long faults = th_minor_faults();
   for (int i = 0; i < 40; i++) drain(fill(1, 1 << 20), 1);
-  faults = minor_faults() - faults;
+  faults = th_minor_faults() - faults;
   printf("    VmRSS: start %ld, full %ld, freed %ld KiB; 40 blocks of 1 MiB: %ld faults\n", start,
          full, freed, faults);
   if (full - start < 3 * 1024) return 2;

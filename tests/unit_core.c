@@ -265,14 +265,12 @@ static int resident_pages(void *start, size_t bytes) {
 /* Allocates n blocks of size, writes v all over each; returns the page
  * faults that took. */
 static size_t fill_blocks(void **ps, int n, size_t size, int v) {
-  struct rusage before, after;
-  getrusage(RUSAGE_SELF, &before);
+  long before = th_minor_faults();
   for (int i = 0; i < n; i++) {
     REQUIRE((ps[i] = malloc(size)) != NULL);
     memset(ps[i], v, size);
   }
-  getrusage(RUSAGE_SELF, &after);
-  return (size_t)(after.ru_minflt - before.ru_minflt);
+  return (size_t)(th_minor_faults() - before);
 }
 
 /* Whether the FREE unit at slab s went back to the OS. */
