@@ -3,7 +3,8 @@
 # with the system allocator and once with hakmem; stdout, stderr and the exit
 # code must be identical. Missing programs are failures (CI installs them:
 # python3 libpython3.11-testsuite perl coreutils gcc g++ nodejs
-# openjdk-17-jdk-headless sqlite3 redis-server redis-tools postgresql).
+# openjdk-17-jdk-headless sqlite3 redis-server redis-tools memcached
+# postgresql).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -434,6 +435,117 @@ if need redis_workload redis-server redis-cli redis-benchmark; then
   else
     bad redis_allocations_served_by_hakmem "hakmem's peak mapped '${peak:-none}' KiB < 64 MiB after a 64 MiB string"
   fi
+fi
+
+# ---------------------------------------------------------------- memcached
+# A server of four worker threads on a unix socket (its slab pages, connections
+# and buffers are malloc's): four Python clients, on connections each reopens
+# every 400 requests, store, read back, append to, count and delete values of
+# 1 B to 1.5 MB under keys of their own, then read all of theirs back; the
+# digests of the replies, the server's item counts and its exit must match.
+cat >"$T/mc_client.py" <<'EOF'
+# Four clients, each on its own connections (reopened every 400 requests), store,
+# read back, append to, count and delete values of 1 B to 1.5 MB under keys of
+# their own; then each reads its keys back. Prints digests of what came back.
+import hashlib, random, socket, sys, threading, time
+
+sock_path = sys.argv[1]
+
+def connect():
+    for _ in range(100):
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock_path)
+            return s, s.makefile("rb")
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("memcached did not answer")
+
+def call(conn, line, data=None):
+    s, f = conn
+    s.sendall(line + b"\r\n" + (data + b"\r\n" if data is not None else b""))
+    return f.readline()
+
+def get(conn, keys):
+    s, f = conn
+    s.sendall(b"get " + b" ".join(keys) + b"\r\n")
+    out = {}
+    while True:
+        head = f.readline().split()
+        if head[0] == b"END":
+            return out
+        n = int(head[3])
+        out[head[1]] = f.read(n + 2)[:n]
+
+def size(rng):
+    r = rng.random()
+    if r < 0.85: return rng.randint(1, 1000)
+    if r < 0.98: return rng.randint(1000, 50000)
+    return rng.randint(50000, 1500000)
+
+results = {}
+
+def client(i):
+    rng, h, conn = random.Random(i), hashlib.md5(), connect()
+    mine = {}
+    for j in range(2500):
+        if j % 400 == 399:
+            conn[0].close()
+            conn = connect()
+        key = b"c%dk%d" % (i, rng.randrange(400))
+        op = rng.random()
+        if op < 0.55:
+            val = rng.randbytes(size(rng))
+            h.update(call(conn, b"set %s 0 0 %d" % (key, len(val)), val))
+            mine[key] = val
+        elif op < 0.8:
+            got = get(conn, [key])
+            h.update(b"hit" if got.get(key) == mine.get(key) else b"miss %s" % key)
+        elif op < 0.88:
+            add = rng.randbytes(rng.randint(1, 3000))
+            h.update(call(conn, b"append %s 0 0 %d" % (key, len(add)), add))
+            if key in mine: mine[key] += add
+        elif op < 0.95:
+            h.update(call(conn, b"delete %s" % key))
+            mine.pop(key, None)
+        else:
+            ckey = b"c%dcount" % i
+            r = call(conn, b"incr %s %d" % (ckey, j))
+            if r.startswith(b"NOT_FOUND"): r = call(conn, b"set %s 0 0 1" % ckey, b"0")
+            h.update(r)
+    got = get(conn, sorted(mine))
+    results[i] = "%s %d keys, %s" % (h.hexdigest(), len(mine), "all match" if got == mine else "differ")
+    conn[0].close()
+
+threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+for i in sorted(results): print("client", i, results[i])
+conn = connect()
+conn[0].sendall(b"stats\r\n")
+for line in iter(conn[1].readline, b"END\r\n"):
+    k = line.split()[1]
+    if k in (b"curr_items", b"total_items", b"evictions", b"cmd_set"):
+        print(line.decode().strip())
+EOF
+cat >"$T/run_memcached.sh" <<'EOF'
+set -e
+sock=$PWD/memcached.sock
+rm -f "$sock"
+memcached -s "$sock" -t 4 -m 256 -I 2m -A -u "$(id -un)" & # -u: as root only
+srv=$!
+python3 mc_client.py "$sock"
+if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
+  echo "the server maps the preloaded library"
+fi
+python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"shutdown\r\n"); s.recv(1)' "$sock"
+rc=0; wait $srv || rc=$?
+echo "server exit $rc"
+EOF
+if need memcached_workload memcached; then
+  same memcached_workload bash "$T/run_memcached.sh"
 fi
 
 # ---------------------------------------------------------------- postgres
