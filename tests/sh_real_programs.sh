@@ -4,7 +4,7 @@
 # code must be identical. Missing programs are failures (CI installs them:
 # python3 libpython3.11-testsuite perl coreutils gcc g++ nodejs
 # openjdk-17-jdk-headless sqlite3 redis-server redis-tools memcached
-# postgresql).
+# mariadb-server postgresql).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -534,6 +534,7 @@ sock=$PWD/memcached.sock
 rm -f "$sock"
 memcached -s "$sock" -t 4 -m 256 -I 2m -A -u "$(id -un)" & # -u: as root only
 srv=$!
+trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
 python3 mc_client.py "$sock"
 if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
   echo "the server maps the preloaded library"
@@ -546,6 +547,63 @@ echo "server exit $rc"
 EOF
 if need memcached_workload memcached; then
   same memcached_workload bash "$T/run_memcached.sh"
+fi
+
+# ---------------------------------------------------------------- mariadb
+# MariaDB 10.11, a server of a thread per connection: a database made by
+# mariadb-install-db, 100,000 InnoDB rows of JSON and 200,000 MyISAM rows
+# (joined on an index, updated, deleted, checksummed), a 300,000-value
+# GROUP_CONCAT, then mariadb-slap's 8 clients and the checksums again; the
+# results, the server's mapping of the library, its exit status and the
+# signals and failed assertions in its log must match.
+cat >"$T/run_mariadb.sh" <<'EOF'
+set -e
+d=$PWD/my u=$(id -un)
+rm -rf "$d" && mkdir "$d"
+mariadb-install-db --no-defaults --datadir="$d/data" --user="$u" \
+  --auth-root-authentication-method=normal >"$d/install.log" 2>&1
+"$1" --no-defaults --datadir="$d/data" --socket="$d/sock" --skip-networking \
+  --pid-file="$d/pid" --log-error="$d/err.log" --user="$u" --innodb-buffer-pool-size=64M \
+  --max-connections=50 2>>"$d/stderr.log" &
+srv=$!
+trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
+sql() { mariadb --no-defaults -S "$d/sock" -u root -N -B "$@"; }
+for _ in $(seq 300); do sql -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
+if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
+  echo "the server maps the preloaded library"
+fi
+sql <<'SQL'
+CREATE DATABASE w; USE w;
+CREATE TABLE j (id INT PRIMARY KEY, k VARCHAR(40), doc JSON, KEY (k)) ENGINE=InnoDB;
+INSERT INTO j SELECT seq, md5(seq), JSON_OBJECT('n', seq, 's', REPEAT('ab', seq % 60),
+  'a', JSON_ARRAY(seq % 7, seq % 11)) FROM seq_1_to_100000;
+CREATE TABLE m (id INT PRIMARY KEY, k VARCHAR(40), pad TEXT, KEY (k)) ENGINE=MyISAM;
+INSERT INTO m SELECT seq, md5(seq * 3), REPEAT('y', seq % 500) FROM seq_1_to_200000;
+SELECT COUNT(*), SUM(JSON_VALUE(doc, '$.n')), MD5(GROUP_CONCAT(JSON_EXTRACT(doc, '$.a') ORDER BY id))
+  FROM j WHERE k > '8';
+SELECT COUNT(*), SUM(LENGTH(m.pad)) FROM j JOIN m ON j.k = m.k;
+UPDATE j SET doc = JSON_SET(doc, '$.s', REPEAT('z', id % 300)) WHERE id % 3 = 0;
+DELETE FROM m WHERE id % 4 = 0;
+UPDATE m SET pad = CONCAT(pad, REPEAT('q', id % 700)) WHERE id % 5 = 0;
+CHECKSUM TABLE j, m;
+SET SESSION group_concat_max_len = 100000000;
+SELECT LENGTH(GROUP_CONCAT(md5(seq) ORDER BY md5(seq))), MD5(GROUP_CONCAT(md5(seq) ORDER BY md5(seq)))
+  FROM seq_1_to_300000;
+SELECT k, COUNT(*) c FROM (SELECT LEFT(k, 2) k FROM m) t GROUP BY k ORDER BY c DESC, k LIMIT 3;
+SQL
+mariadb-slap --no-defaults -S "$d/sock" -u root --concurrency=8 --iterations=2 \
+  --number-of-queries=6000 --auto-generate-sql --auto-generate-sql-load-type=mixed \
+  --auto-generate-sql-add-autoincrement >/dev/null
+sql -e 'CHECKSUM TABLE w.j, w.m'
+sql -e 'SHUTDOWN'
+rc=0; wait $srv || rc=$?
+echo "server exit $rc, signals in the log: $(grep -c 'got signal\|Assertion' "$d/err.log" || true)"
+EOF
+MARIADBD=$(command -v mariadbd || echo /usr/sbin/mariadbd) # sbin: not on a user's PATH
+if [ ! -x "$MARIADBD" ]; then
+  bad mariadb_workload "MariaDB's server is not installed (apt-get install mariadb-server)"
+elif need mariadb_workload mariadb mariadb-install-db mariadb-slap; then
+  same mariadb_workload bash "$T/run_mariadb.sh" "$MARIADBD"
 fi
 
 # ---------------------------------------------------------------- postgres
