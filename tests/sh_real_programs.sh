@@ -4,7 +4,7 @@
 # code must be identical. Missing programs are failures (CI installs them:
 # python3 libpython3.11-testsuite perl coreutils gcc g++ nodejs
 # openjdk-17-jdk-headless sqlite3 redis-server redis-tools memcached
-# mariadb-server postgresql).
+# mariadb-server openssh-server postgresql).
 set -u
 SUITE=real_programs
 . "$(dirname "$0")/lib.sh"
@@ -604,6 +604,60 @@ if [ ! -x "$MARIADBD" ]; then
   bad mariadb_workload "MariaDB's server is not installed (apt-get install mariadb-server)"
 elif need mariadb_workload mariadb mariadb-install-db mariadb-slap; then
   same mariadb_workload bash "$T/run_mariadb.sh" "$MARIADBD"
+fi
+
+# ---------------------------------------------------------------- sshd
+# OpenSSH's sshd on a port of the loopback: its pre-authentication child
+# runs under a seccomp filter that kills it at a system call outside its
+# list, so a library that makes one there fails the login. A command over
+# ssh, a 20 MB file copied in by scp's own protocol (a shell's scp on the
+# server) and back by SFTP (served inside sshd's session child); the
+# outputs, the digests and the server's exit must match.
+cat >"$T/run_sshd.sh" <<'EOF'
+set -e
+d=$PWD/ssh sshd=$1
+rm -rf "$d" && mkdir -m 700 "$d"
+ssh-keygen -q -t ed25519 -N '' -f "$d/host"
+ssh-keygen -q -t ed25519 -N '' -f "$d/user"
+cp "$d/user.pub" "$d/authorized_keys"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$d/config" <<CFG
+Port $port
+ListenAddress 127.0.0.1
+HostKey $d/host
+PidFile $d/pid
+AuthorizedKeysFile $d/authorized_keys
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+Subsystem sftp internal-sftp
+CFG
+"$sshd" -D -e -f "$d/config" 2>"$d/log" &
+srv=$!
+trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
+o=(-F none -i "$d/user" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no
+   -o UserKnownHostsFile="$d/known_hosts" -o LogLevel=ERROR)
+for _ in $(seq 100); do
+  ssh "${o[@]}" -p "$port" "$(id -un)@127.0.0.1" true 2>/dev/null && break; sleep 0.1
+done
+if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
+  echo "the server maps the preloaded library"
+fi
+ssh "${o[@]}" -p "$port" "$(id -un)@127.0.0.1" 'echo logged in; seq 200000 | sort -r | md5sum'
+seq 3000000 >"$d/blob"
+scp -q -O "${o[@]}" -P "$port" "$d/blob" "$(id -un)@127.0.0.1:$d/blob.copy"
+scp -q "${o[@]}" -P "$port" "$(id -un)@127.0.0.1:$d/blob.copy" "$d/blob.back"
+md5sum <"$d/blob.back"
+kill $srv; rc=0; wait $srv || rc=$?
+echo "server exit $rc, children killed: $(grep -c 'killed by signal\|signal 31\|Bad system call' "$d/log" || true)"
+EOF
+SSHD=$(command -v sshd || echo /usr/sbin/sshd) # sbin: not on a user's PATH
+if [ ! -x "$SSHD" ]; then
+  bad sshd_workload "OpenSSH's server is not installed (apt-get install openssh-server)"
+elif need sshd_workload ssh scp ssh-keygen; then
+  [ "$(id -u)" = 0 ] && mkdir -p /run/sshd # its privilege separation directory
+  same sshd_workload bash "$T/run_sshd.sh" "$SSHD"
 fi
 
 # ---------------------------------------------------------------- postgres
