@@ -437,6 +437,20 @@ if need redis_workload redis-server redis-cli redis-benchmark; then
   fi
 fi
 
+# ---------------------------------------------------------------- servers
+# What the servers' workloads below share (each sources it from $T).
+cat >"$T/servers.sh" <<'EOF'
+# maps_preload PID: the line that says the server maps the preloaded library
+# (printed as well where nothing is preloaded, so the outputs compare).
+maps_preload() {
+  if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$1/maps"; then
+    echo "the server maps the preloaded library"
+  fi
+}
+# kill_at_exit PID: a failed step's server does not outlive the workload.
+kill_at_exit() { trap "kill -9 $1 2>/dev/null || true" EXIT; }
+EOF
+
 # ---------------------------------------------------------------- memcached
 # A server of four worker threads on a unix socket (its slab pages, connections
 # and buffers are malloc's): four Python clients, on connections each reopens
@@ -530,15 +544,14 @@ for line in iter(conn[1].readline, b"END\r\n"):
 EOF
 cat >"$T/run_memcached.sh" <<'EOF'
 set -e
+. ./servers.sh
 sock=$PWD/memcached.sock
 rm -f "$sock"
 memcached -s "$sock" -t 4 -m 256 -I 2m -A -u "$(id -un)" & # -u: as root only
 srv=$!
-trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
+kill_at_exit $srv
 python3 mc_client.py "$sock"
-if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
-  echo "the server maps the preloaded library"
-fi
+maps_preload $srv
 python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"shutdown\r\n"); s.recv(1)' "$sock"
@@ -558,6 +571,7 @@ fi
 # signals and failed assertions in its log must match.
 cat >"$T/run_mariadb.sh" <<'EOF'
 set -e
+. ./servers.sh
 d=$PWD/my u=$(id -un)
 rm -rf "$d" && mkdir "$d"
 mariadb-install-db --no-defaults --datadir="$d/data" --user="$u" \
@@ -566,12 +580,10 @@ mariadb-install-db --no-defaults --datadir="$d/data" --user="$u" \
   --pid-file="$d/pid" --log-error="$d/err.log" --user="$u" --innodb-buffer-pool-size=64M \
   --max-connections=50 2>>"$d/stderr.log" &
 srv=$!
-trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
+kill_at_exit $srv
 sql() { mariadb --no-defaults -S "$d/sock" -u root -N -B "$@"; }
 for _ in $(seq 300); do sql -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
-if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
-  echo "the server maps the preloaded library"
-fi
+maps_preload $srv
 sql <<'SQL'
 CREATE DATABASE w; USE w;
 CREATE TABLE j (id INT PRIMARY KEY, k VARCHAR(40), doc JSON, KEY (k)) ENGINE=InnoDB;
@@ -615,6 +627,7 @@ fi
 # outputs, the digests and the server's exit must match.
 cat >"$T/run_sshd.sh" <<'EOF'
 set -e
+. ./servers.sh
 d=$PWD/ssh sshd=$1
 rm -rf "$d" && mkdir -m 700 "$d"
 ssh-keygen -q -t ed25519 -N '' -f "$d/host"
@@ -635,15 +648,13 @@ Subsystem sftp internal-sftp
 CFG
 "$sshd" -D -e -f "$d/config" 2>"$d/log" &
 srv=$!
-trap 'kill -9 $srv 2>/dev/null || true' EXIT # a failed step's server too
+kill_at_exit $srv
 o=(-F none -i "$d/user" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no
    -o UserKnownHostsFile="$d/known_hosts" -o LogLevel=ERROR)
 for _ in $(seq 100); do
   ssh "${o[@]}" -p "$port" "$(id -un)@127.0.0.1" true 2>/dev/null && break; sleep 0.1
 done
-if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$srv/maps"; then
-  echo "the server maps the preloaded library"
-fi
+maps_preload $srv
 ssh "${o[@]}" -p "$port" "$(id -un)@127.0.0.1" 'echo logged in; seq 200000 | sort -r | md5sum'
 seq 3000000 >"$d/blob"
 scp -q -O "${o[@]}" -P "$port" "$d/blob" "$(id -un)@127.0.0.1:$d/blob.copy"
@@ -670,6 +681,7 @@ fi
 # workload runs as the postgres user.
 cat >"$T/run_pg.sh" <<'EOF'
 set -e
+. ./servers.sh
 B=$1 d=$PWD/pg # the server's bin directory; pg, a directory its user owns
 rm -rf "$d/data"
 "$B/initdb" -D "$d/data" -A trust -E UTF8 --locale=C >"$d/initdb.log"
@@ -677,9 +689,7 @@ rm -rf "$d/data"
 trap '"$B/pg_ctl" -D "$d/data" -w stop -m immediate >/dev/null 2>&1 || true' EXIT # a failed step's too
 export PGHOST=$d PGUSER=$(id -un) PGDATABASE=postgres
 pm=$(head -1 "$d/data/postmaster.pid")
-if [ -z "${LD_PRELOAD:-}" ] || grep -qF "$(readlink -f "$LD_PRELOAD")" "/proc/$pm/maps"; then
-  echo "the server maps the preloaded library"
-fi
+maps_preload "$pm"
 "$B/pgbench" -q -i -s 2 >/dev/null 2>&1
 "$B/pgbench" -n -c 4 -j 2 -t 300 >/dev/null
 "$B/pgbench" -n -S -c 4 -j 2 -t 2000 >/dev/null
