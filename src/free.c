@@ -99,7 +99,7 @@ HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_bloc
   }
   /* A thread that only frees gets a heap for its outboxes, unless it is
    * past its exit handler. */
-  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_for_free()) == NULL) {
+  if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY) && (heap = hak_heap_for_free()) == NULL) {
     free_remote_now(slab, b);
     return;
   }
@@ -137,7 +137,7 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
    * next ones are local and its emptied slabs go back at once; the free
    * then starts over (and is checked and counted there, once). A thread
    * without a heap leaves the segment to the purger. */
-  if (owner == NULL && heap != &hak_heap_empty && hak_segment_reclaim_one(heap, seg)) {
+  if (owner == NULL && heap != HAK_HEAP_EMPTY && hak_segment_reclaim_one(heap, seg)) {
     hak_free_inline(p);
     return;
   }
@@ -179,7 +179,7 @@ HAK_NOINLINE static void free_heapless(hak_segment_t *seg, hak_heap_t *owner, vo
   if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) && hak_heap_adopt(owner))
     hak_free_inline(p);
   else
-    free_others(seg, owner, &hak_heap_empty, p);
+    free_others(seg, owner, HAK_HEAP_EMPTY, p);
 }
 
 /* The common case first, in few registers: a block of another live
@@ -191,7 +191,7 @@ HAK_NOINLINE void hak_free_generic(void *p) {
   hak_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   hak_heap_t *heap = hak_tls_heap;
   if (HAK_LIKELY(seg->kind != HAK_KIND_LARGE && owner != NULL && owner != heap)) {
-    if (HAK_UNLIKELY(heap == &hak_heap_empty))
+    if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY))
       free_heapless(seg, owner, p);
     else
       free_others(seg, owner, heap, p);

@@ -1,12 +1,19 @@
 /* Thread heaps. A new thread's heap pointer is the empty sentinel, whose
  * lists are all empty, so its first malloc takes the slow path, which
  * creates the real heap: the fast path never tests for initialisation.
- * Heap structs come from a pool and are never unmapped, so a stale pointer
- * to a dead heap (a hint written by another thread) stays harmless. */
+ * Heap structs (the first one static, the others from a pool) are never
+ * unmapped, so a stale pointer to a dead heap (a hint written by another
+ * thread) stays harmless. */
 #include "internal.h"
 
-hak_heap_t hak_heap_empty;
-__thread hak_heap_t *hak_tls_heap = &hak_heap_empty;
+/* The first thread's heap, the first of the library's bss after crtstuff's
+ * flag that the exit sets (no file linked before this one has bss): its
+ * lists share that page, so a forked child that frees and exits copies one
+ * page fewer (test introspect.a_forked_child_writes_one_page_...), and a
+ * program of one thread maps no pool. The sentinel is read-only data. */
+static hak_heap_t heap_first;
+const hak_heap_t hak_heap_empty;
+__thread hak_heap_t *hak_tls_heap = HAK_HEAP_EMPTY;
 HAK_FORK_HELD pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static HAK_FORK_HELD hak_heap_t *heaps_live;
@@ -16,7 +23,7 @@ static HAK_FORK_HELD hak_heap_t *heaps_live;
  * 16.8 taking the one parked last). A thread whose first call frees a
  * parked heap's block takes that heap instead (free.c: free_heapless). */
 static HAK_FORK_HELD hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
-static HAK_FORK_HELD hak_heap_t *heaps_pool;
+static HAK_FORK_HELD hak_heap_t *heaps_pool = &heap_first;
 static HAK_FORK_HELD uint8_t *pool_cursor;
 static HAK_FORK_HELD size_t pool_left;
 
@@ -160,7 +167,7 @@ static hak_heap_t *heap_install(hak_heap_t *want) {
 
 hak_heap_t *hak_heap_get(void) {
   hak_heap_t *h = hak_tls_heap;
-  if (h != &hak_heap_empty) return h;
+  if (h != HAK_HEAP_EMPTY) return h;
   hak_process_init();
   return heap_install(NULL);
 }
@@ -198,7 +205,7 @@ static void heap_abandon(hak_heap_t *heap) {
   hak_span_heap_retire(heap);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
-  if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
+  if (hak_tls_heap == heap) hak_tls_heap = HAK_HEAP_EMPTY;
   heap_struct_free(heap);
 }
 
@@ -266,7 +273,7 @@ static void heap_park(hak_heap_t *heap) {
   queue_owners(heap, 0);
   __atomic_store_n(&heap->parked, true, __ATOMIC_RELAXED); /* free reads it unlocked */
   pthread_mutex_unlock(&heap->lock);
-  if (hak_tls_heap == heap) hak_tls_heap = &hak_heap_empty;
+  if (hak_tls_heap == heap) hak_tls_heap = HAK_HEAP_EMPTY;
   pthread_mutex_lock(&hak_heaps_lock);
   heap->token = 0;
   heap->parked_since_ms = hak_clock_ms();
@@ -278,7 +285,7 @@ static void heap_park(hak_heap_t *heap) {
 }
 
 void hak_heap_done(hak_heap_t *heap) {
-  if (heap == &hak_heap_empty) return;
+  if (heap == HAK_HEAP_EMPTY) return;
   if (atomic_load_explicit(&hak_purge_running, memory_order_acquire)) heap_park(heap);
   else heap_retire(heap);
 }
@@ -316,7 +323,7 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
 }
 
 void hak_heap_collect(hak_heap_t *heap, bool force) {
-  if (heap == &hak_heap_empty) return;
+  if (heap == HAK_HEAP_EMPTY) return;
   hak_free_flush_outboxes(heap);
   hak_span_flush(heap);
   pthread_mutex_lock(&heap->lock);

@@ -99,7 +99,7 @@ void hak_process_init(void) {
 __attribute__((constructor)) static void process_start(void) {
   hak_process_init();
   /* The main thread's heap may predate the key. */
-  if (hak_tls_heap != &hak_heap_empty && atomic_load(&hak_key_ready))
+  if (hak_tls_heap != HAK_HEAP_EMPTY && atomic_load(&hak_key_ready))
     pthread_setspecific(hak_thread_key, hak_tls_heap);
 }
 

@@ -431,7 +431,10 @@ extern __thread hak_heap_t *hak_tls_heap;
  * slabs when its thread exits, and a new heap retires any heap left with
  * its token (see hak_heap_get). */
 HAK_INLINE uintptr_t hak_thread_token(void) { return (uintptr_t)__builtin_thread_pointer(); }
-extern hak_heap_t hak_heap_empty; /* sentinel: all lists empty */
+/* The sentinel heap: all lists empty. Read-only, so that a write through
+ * a thread's heap pointer before it has a heap faults at once. */
+extern const hak_heap_t hak_heap_empty;
+#define HAK_HEAP_EMPTY ((hak_heap_t *)&hak_heap_empty)
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
 /* A thread without a heap takes parked: false if it is no longer parked

@@ -1042,7 +1042,7 @@ void hak_large_free(hak_segment_t *seg) {
     hak_os_guard((uint8_t *)seg + seg->large_offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, false);
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_FREE); /* a second free is a double free */
   hak_heap_t *heap = hak_tls_heap;
-  if (heap == &hak_heap_empty || !kept_eligible(seg) || !kept_put(heap, seg)) {
+  if (heap == HAK_HEAP_EMPTY || !kept_eligible(seg) || !kept_put(heap, seg)) {
     pthread_mutex_lock(&hak_large_lock);
     release_locked(seg);
     pthread_mutex_unlock(&hak_large_lock);

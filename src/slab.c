@@ -613,7 +613,7 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
 }
 
 static HAK_NOINLINE void *heap_refill_pop(size_t size, hak_heap_t *heap, size_t cls) {
-  if (HAK_UNLIKELY(heap == &hak_heap_empty)) heap = hak_heap_get();
+  if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY)) heap = hak_heap_get();
   HAK_SLOW_BEGIN();
   bool ok = heap != NULL && heap_refill(heap, cls);
   HAK_SLOW_END();

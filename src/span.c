@@ -759,7 +759,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
   block_freed(heap, cls, b);
-  if (heap == &hak_heap_empty) heap = hak_heap_for_free();
+  if (heap == HAK_HEAP_EMPTY) heap = hak_heap_for_free();
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
@@ -914,7 +914,7 @@ static unsigned fill_size(hak_heap_t *heap, size_t c) {
 
 void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
-  if (HAK_UNLIKELY(heap == &hak_heap_empty) && (heap = hak_heap_get()) == NULL) {
+  if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY) && (heap = hak_heap_get()) == NULL) {
     errno = ENOMEM;
     return NULL;
   }

@@ -364,19 +364,23 @@ TEST_T(the_purger_stays_in_a_pid_namespace_that_sees_its_parents_proc, 30) {
 
 /* Whether the page holding p is present in this process (its pagemap
  * entry: mincore would answer for a file's page cache); -1 if unread. */
-static int page_present(const void *p) {
+static int pagemap_bit(const void *p, int bit) {
   int fd = open("/proc/self/pagemap", O_RDONLY);
   uint64_t entry = 0;
   bool read = fd >= 0 && pread(fd, &entry, sizeof entry, (off_t)((uintptr_t)p / 4096 * sizeof entry)) ==
                              (ssize_t)sizeof entry;
   if (fd >= 0) close(fd);
-  return read ? (int)(entry >> 63) : -1;
+  return read ? (int)(entry >> bit & 1) : -1;
 }
+static int page_present(const void *p) { return pagemap_bit(p, 63); }
+/* Mapped by this process alone: after a fork, a page it has written since. */
+static int page_exclusive(const void *p) { return pagemap_bit(p, 56); }
 
 /* The pages of the library's writable segment (its data and bss) that
  * are present: the lowest and the highest address, 0 and 0 for none. */
 typedef struct {
   uintptr_t start, end, lowest, highest;
+  uintptr_t bss; /* where the bss begins */
 } present_t;
 static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) {
   present_t *w = arg;
@@ -386,6 +390,7 @@ static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) 
     if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W)) {
       w->start = (info->dlpi_addr + ph->p_vaddr) & ~(uintptr_t)4095;
       w->end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+      w->bss = info->dlpi_addr + ph->p_vaddr + ph->p_filesz;
     }
   }
   return 1;
@@ -419,6 +424,52 @@ TEST(what_the_library_touches_of_its_data_lies_within_2_mib) {
   for (int c = 0; c < 56; c++) drain(small[c], 4);
   drain(spans, 8);
   drain(big_spans, 2);
+}
+
+/* A fork's child copies each page it writes, and its exit writes the page
+ * where the library's bss begins (crtstuff's flag that its destructors
+ * ran). The first thread's heap lies on that page: a child of a program of
+ * one thread that frees and allocates, as a shell's subshell does, then
+ * copies no other page of the library's data, nor one of a heap pool. */
+static int fork_pages_child(void) {
+  void **blocks = fill(64, 40);
+  present_t w = {0};
+  if (dl_iterate_phdr(find_library_data, &w) != 1 || w.bss <= w.start) return 2;
+  /* the first fork trims the segment map (docs/MEMORY.md) */
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, NULL, 0);
+  pid = fork();
+  if (pid == 0) {
+    free(blocks[7]);
+    blocks[7] = malloc(40);
+    uintptr_t copied[8];
+    int n = 0;
+    for (uintptr_t page = w.start; page < w.end && n < 8; page += 4096) {
+      int exclusive = page_exclusive((const void *)page);
+      if (exclusive < 0) _exit(3);
+      if (exclusive && page_present((const void *)page) == 1) copied[n++] = page;
+    }
+    /* printed after the scan: stdout's buffer is a malloc */
+    for (int i = 0; i < n; i++)
+      printf("    the child copied +0x%lx of the library's data (its file's part ends at +0x%lx)\n",
+             (unsigned long)(copied[i] - w.start), (unsigned long)(w.bss - w.start));
+    fflush(stdout);
+    /* the bss's first byte: on the page where the file's part ends, or on
+     * the next if the bss is aligned to a page (hakmem's is) */
+    _exit(n == 1 && (copied[0] == (w.bss & ~(uintptr_t)4095) ||
+                     copied[0] == ((w.bss + 4095) & ~(uintptr_t)4095))
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  drain(blocks, 64);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 4;
+}
+
+TEST(a_forked_child_writes_one_page_of_the_librarys_data_the_one_its_exit_writes) {
+  run_child("--fork-pages-child");
 }
 
 /* KiB of the library's data and bss that /proc/self/maps shows writable,
@@ -596,5 +647,6 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--calls-purge-child") == 0) return calls_purge_child();
   if (argc > 1 && strcmp(argv[1], "--calls-idle-child") == 0) return calls_idle_child();
   if (argc > 1 && strcmp(argv[1], "--map-trim-child") == 0) return map_trim_child();
+  if (argc > 1 && strcmp(argv[1], "--fork-pages-child") == 0) return fork_pages_child();
   return th_main("introspect", argc, argv);
 }

@@ -3196,6 +3196,30 @@ TEST(new_thread_retires_heap_left_with_its_thread_pointer) {
   free(a.p);
 }
 
+static void *heap_before_first_call(void *arg) {
+  *(hak_heap_t **)arg = hak_tls_heap;
+  return NULL;
+}
+
+/* A new thread points at the sentinel, which lies in read-only memory: a
+ * path that wrote through a heap pointer before taking a heap would fault
+ * there, not corrupt what every new thread reads. */
+TEST(a_new_threads_heap_is_the_read_only_sentinel) {
+  hak_heap_t *seen = NULL;
+  run_thread(heap_before_first_call, &seen);
+  CHECK(seen == HAK_HEAP_EMPTY);
+  fflush(NULL);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    *(volatile uintptr_t *)&HAK_HEAP_EMPTY->free[0] = 1;
+    _exit(0);
+  }
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "status %#x", status);
+}
+
 TEST(idle_threads_full_slabs_go_back_once_others_free_them) {
   /* this thread allocates a few slabs' worth, then only waits (a main
    * thread that handed its blocks to workers); a worker frees them */
