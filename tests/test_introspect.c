@@ -362,8 +362,8 @@ TEST_T(the_purger_stays_in_a_pid_namespace_that_sees_its_parents_proc, 30) {
             "exit %d (4: no purger started, 5: the purger ended while main ran)", WEXITSTATUS(status));
 }
 
-/* Whether the page holding p is present in this process (its pagemap
- * entry: mincore would answer for a file's page cache); -1 if unread. */
+/* A bit of the pagemap entry of the page holding p (mincore would answer
+ * for a file's page cache); -1 if unread. */
 static int pagemap_bit(const void *p, int bit) {
   int fd = open("/proc/self/pagemap", O_RDONLY);
   uint64_t entry = 0;
@@ -372,6 +372,7 @@ static int pagemap_bit(const void *p, int bit) {
   if (fd >= 0) close(fd);
   return read ? (int)(entry >> bit & 1) : -1;
 }
+/* Whether the page is present in this process. */
 static int page_present(const void *p) { return pagemap_bit(p, 63); }
 /* Mapped by this process alone: after a fork, a page it has written since. */
 static int page_exclusive(const void *p) { return pagemap_bit(p, 56); }
@@ -380,7 +381,7 @@ static int page_exclusive(const void *p) { return pagemap_bit(p, 56); }
  * are present: the lowest and the highest address, 0 and 0 for none. */
 typedef struct {
   uintptr_t start, end, lowest, highest;
-  uintptr_t bss; /* where the bss begins */
+  uintptr_t file_end; /* the end of the part from the file, where the bss begins */
 } present_t;
 static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) {
   present_t *w = arg;
@@ -390,7 +391,7 @@ static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) 
     if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W)) {
       w->start = (info->dlpi_addr + ph->p_vaddr) & ~(uintptr_t)4095;
       w->end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
-      w->bss = info->dlpi_addr + ph->p_vaddr + ph->p_filesz;
+      w->file_end = info->dlpi_addr + ph->p_vaddr + ph->p_filesz;
     }
   }
   return 1;
@@ -430,11 +431,11 @@ TEST(what_the_library_touches_of_its_data_lies_within_2_mib) {
  * where the library's bss begins (crtstuff's flag that its destructors
  * ran). The first thread's heap lies on that page: a child of a program of
  * one thread that frees and allocates, as a shell's subshell does, then
- * copies no other page of the library's data, nor one of a heap pool. */
+ * copies no other page of the library's data. */
 static int fork_pages_child(void) {
   void **blocks = fill(64, 40);
   present_t w = {0};
-  if (dl_iterate_phdr(find_library_data, &w) != 1 || w.bss <= w.start) return 2;
+  if (dl_iterate_phdr(find_library_data, &w) != 1 || w.file_end <= w.start) return 2;
   /* the first fork trims the segment map (docs/MEMORY.md) */
   pid_t pid = fork();
   if (pid == 0) _exit(0);
@@ -453,12 +454,12 @@ static int fork_pages_child(void) {
     /* printed after the scan: stdout's buffer is a malloc */
     for (int i = 0; i < n; i++)
       printf("    the child copied +0x%lx of the library's data (its file's part ends at +0x%lx)\n",
-             (unsigned long)(copied[i] - w.start), (unsigned long)(w.bss - w.start));
+             (unsigned long)(copied[i] - w.start), (unsigned long)(w.file_end - w.start));
     fflush(stdout);
     /* the bss's first byte: on the page where the file's part ends, or on
      * the next if the bss is aligned to a page (hakmem's is) */
-    _exit(n == 1 && (copied[0] == (w.bss & ~(uintptr_t)4095) ||
-                     copied[0] == ((w.bss + 4095) & ~(uintptr_t)4095))
+    _exit(n == 1 && (copied[0] == (w.file_end & ~(uintptr_t)4095) ||
+                     copied[0] == ((w.file_end + 4095) & ~(uintptr_t)4095))
               ? 0
               : 1);
   }
