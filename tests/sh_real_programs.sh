@@ -21,8 +21,15 @@ case "$KEEP" in /*) ;; *) KEEP=$PWD/$KEEP ;; esac
 T=$(mktemp -d /tmp/hakmem-real.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 # The programs run with hakmem's default options: no HAKMEM_* variable
-# from the caller's environment reaches them.
+# from the caller's environment reaches them, but those named in
+# HAK_REAL_OPTIONS ("HAKMEM_NAME=VALUE ...", which tools/soak rotates).
 for v in $(compgen -e | grep '^HAKMEM_'); do unset "$v"; done
+for o in ${HAK_REAL_OPTIONS:-}; do
+  case $o in
+    HAKMEM_[A-Z]*=*) export "$o" ;;
+    *) bad setup "HAK_REAL_OPTIONS: '$o' is not HAKMEM_NAME=VALUE"; finish ;;
+  esac
+done
 export LC_ALL=C
 
 PY=/usr/bin/python3
