@@ -462,6 +462,24 @@ found:
   return best.at;
 }
 
+/* Purged chunks [i, j) stay accessible, emptied. Mapped again inaccessible
+ * (which only hak_commit_strict needs, to give their charge back), each
+ * took an mmap to purge and an mprotect to reuse, both holding the lock of
+ * the process's mappings for writing, which stops its threads' page
+ * faults: 4 threads of 300 KiB-1 MiB blocks under HAKMEM_PROFILE=lowmem ran
+ * 2.2x as fast with madvise alone. A run of accessible bytes takes one
+ * call. */
+static void chunks_empty(size_t i, size_t j) {
+  while (i < j) {
+    size_t k = i;
+    while (k + 1 < j && tab.accessible[k] == GRAIN) k++;
+    size_t bytes = ((k - i) << GRAIN_SHIFT) + tab.accessible[k];
+    hak_os_purge_within(chunk_addr(i), (k + 1 - i) << GRAIN_SHIFT, bytes);
+    hak_stats_mapped((k + 1 - i) << GRAIN_SHIFT, false);
+    i = k + 1;
+  }
+}
+
 /* Purges free chunks idle for the delay (all if force, and those freed
  * at or before `older` in any case) until no more than `keep` bytes stay
  * committed; true while some stay committed. */
@@ -479,10 +497,13 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
       chunk_forget(j);
       j++;
     }
-    if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT))
+    if (!hak_os_commit_strict()) {
+      chunks_empty(i, j);
+    } else if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT)) {
       memset(&tab.accessible[i], 0, (j - i) * sizeof tab.accessible[0]);
-    else /* refused (at the limit of areas): emptied where accessible */
+    } else { /* refused (at the limit of areas): emptied where accessible */
       for (size_t k = i; k < j; k++) hak_os_empty(chunk_addr(k), tab.accessible[k]);
+    }
     i = j;
   }
   return dirty_bytes != 0;
