@@ -22,9 +22,10 @@
  * blocks use: a block's chunks are made readable and writable, whole, or
  * as far as it uses them where the kernel charges every writable page it
  * maps against a limit (vm.overcommit_memory 2) or faults them all in (the
- * program locked its future memory, mlockall); a purge makes them
- * inaccessible again, which gives their charge back, and a chunk moved
- * away is left inaccessible. */
+ * program locked its future memory, mlockall); there a purge makes them
+ * inaccessible again, which gives their charge back (elsewhere it empties
+ * them, accessible: chunks_empty), and a chunk moved away is left
+ * inaccessible. */
 #define _GNU_SOURCE
 #include "internal.h"
 
