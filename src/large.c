@@ -463,20 +463,25 @@ found:
   return best.at;
 }
 
-/* Purged chunks [i, j) stay accessible, emptied. Mapped again inaccessible
- * (which only hak_commit_strict needs, to give their charge back), each
- * took an mmap to purge and an mprotect to reuse, both holding the lock of
- * the process's mappings for writing, which stops its threads' page
- * faults: 4 threads of 300 KiB-1 MiB blocks under HAKMEM_PROFILE=lowmem ran
- * 2.2x as fast with madvise alone. A run of accessible bytes takes one
- * call. */
-static void chunks_empty(size_t i, size_t j) {
+/* Empties chunks [i, j) where accessible, a run of accessible bytes in one
+ * call, and counts them returned unless hak_os_decommit did (it refused).
+ * A purge leaves them so, but under hak_commit_strict, where mapping them
+ * again inaccessible gives their charge back. Elsewhere that took an mmap
+ * to purge and an mprotect to reuse, both holding the lock of the process's
+ * mappings for writing, which stops its threads' page faults: 4 threads of
+ * 300 KiB-1 MiB blocks under HAKMEM_PROFILE=lowmem ran 2.2x as fast with
+ * madvise alone. */
+static void chunks_empty(size_t i, size_t j, bool count) {
   while (i < j) {
     size_t k = i;
     while (k + 1 < j && tab.accessible[k] == GRAIN) k++;
-    size_t bytes = ((k - i) << GRAIN_SHIFT) + tab.accessible[k];
-    hak_os_purge_within(chunk_addr(i), (k + 1 - i) << GRAIN_SHIFT, bytes);
-    hak_stats_mapped((k + 1 - i) << GRAIN_SHIFT, false);
+    size_t bytes = ((k - i) << GRAIN_SHIFT) + tab.accessible[k], len = (k + 1 - i) << GRAIN_SHIFT;
+    if (count) {
+      hak_os_purge_within(chunk_addr(i), len, bytes);
+      hak_stats_mapped(len, false);
+    } else {
+      hak_os_empty(chunk_addr(i), bytes);
+    }
     i = k + 1;
   }
 }
@@ -498,13 +503,11 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
       chunk_forget(j);
       j++;
     }
-    if (!hak_os_commit_strict()) {
-      chunks_empty(i, j);
-    } else if (hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT)) {
+    bool strict = hak_os_commit_strict();
+    if (strict && hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT))
       memset(&tab.accessible[i], 0, (j - i) * sizeof tab.accessible[0]);
-    } else { /* refused (at the limit of areas): emptied where accessible */
-      for (size_t k = i; k < j; k++) hak_os_empty(chunk_addr(k), tab.accessible[k]);
-    }
+    else /* left accessible, or the decommit refused (at the limit of areas) */
+      chunks_empty(i, j, !strict);
     i = j;
   }
   return dirty_bytes != 0;
