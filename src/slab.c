@@ -522,6 +522,20 @@ static bool class_all_free(hak_heap_t *heap, size_t cls) {
   return listed == out;
 }
 
+/* Every block of class cls is on the heap's list (class_all_free): its
+ * slabs go back as they are, without the walk that would return each
+ * block to its slab first. */
+static void class_release(hak_heap_t *heap, size_t cls) {
+  hak_slab_queue_t *q = &heap->queue[cls];
+  heap->free[cls] = NULL;
+  heap->attached_n[cls] = 0;
+  for (hak_slab_t *s; (s = q->first) != NULL;) {
+    hak_queue_remove(q, s);
+    slab_detach(s, 0);
+    hak_segment_free_slab(heap, s, true);
+  }
+}
+
 /* Before a new slab takes memory, the classes that have not refilled
  * since the last two new slabs, and whose blocks are all free, give their
  * slabs back, so that other classes reuse the pages: a program whose
@@ -537,9 +551,11 @@ static void classes_reclaim_idle(hak_heap_t *heap, size_t cls) {
   heap->slab_refilled = 0;
   for (; look; look &= look - 1) {
     size_t c = (size_t)__builtin_ctzll(look);
-    if (heap->free[c] == NULL) continue;
+    /* A class with no slab gets one only by a refill, which makes it
+     * active: it is not looked at again until then. */
+    if (heap->free[c] == NULL && heap->queue[c].first != NULL) continue;
     heap->slab_checked |= UINT64_C(1) << c;
-    if (class_all_free(heap, c)) class_retire(heap, c);
+    if (heap->free[c] != NULL && class_all_free(heap, c)) class_release(heap, c);
   }
 }
 

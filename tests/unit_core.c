@@ -1640,6 +1640,8 @@ TEST(a_class_left_with_every_block_free_gives_its_slab_to_new_classes) {
   CHECK_MSG(slab_of_ptr(c) == gone, "the new slab took unit %u, not the idle class's %u",
             slab_of_ptr(c)->index, gone->index);
   CHECK(hak_tls_heap->free[hak_size_class(3000)] == NULL);
+  CHECK(hak_tls_heap->queue[hak_size_class(3000)].first == NULL);
+  CHECK(hak_tls_heap->attached_n[hak_size_class(3000)] == 0);
   CHECK(stays->state == HAK_SLAB_ACTIVE);
   CHECK(hak_tls_heap->free[hak_size_class(1800)] != NULL);
   void *again = malloc(3000); /* the class takes a slab again */
@@ -1649,6 +1651,44 @@ TEST(a_class_left_with_every_block_free_gives_its_slab_to_new_classes) {
   free(b);
   free(c);
   free(kept[0]);
+}
+
+TEST(a_class_left_idle_gives_back_every_slab_it_had) {
+  /* Two slabs of 3,000 B blocks attached at once: the first filled, five
+   * of its blocks freed, which a refill takes before carving more of the
+   * second. All freed, the class is idle by the third new class's slab
+   * and keeps none. */
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  hak_release_all();
+  enum { N = 80 };
+  size_t cls = hak_size_class(3000);
+  char *p[N];
+  int n = 0;
+  p[n++] = malloc(3000);
+  hak_slab_t *first = slab_of_ptr(p[0]);
+  while (n < N && slab_of_ptr(p[n - 1]) == first) p[n++] = malloc(3000);
+  REQUIRE(slab_of_ptr(p[n - 1]) != first);
+  for (int i = 0; i < 5; i++) free(p[i]);
+  int from = 5, again = 0;
+  while (n < N && again == 0) {
+    p[n] = malloc(3000);
+    REQUIRE(p[n] != NULL);
+    again += slab_of_ptr(p[n++]) == first;
+  }
+  REQUIRE(again == 1);
+  REQUIRE(hak_tls_heap->attached_n[cls] == 2);
+  hak_slab_t *second = slab_of_ptr(p[n - 2]);
+  for (int i = from; i < n; i++) free(p[i]);
+  void *a = new_class_block(5000), *b = new_class_block(6000), *c = new_class_block(7000);
+  CHECK(hak_tls_heap->free[cls] == NULL);
+  CHECK(hak_tls_heap->queue[cls].first == NULL && hak_tls_heap->full[cls].first == NULL);
+  CHECK(hak_tls_heap->attached_n[cls] == 0);
+  CHECK(first->state == HAK_SLAB_FREE || first->cls != cls);
+  CHECK(second->state == HAK_SLAB_FREE || second->cls != cls);
+  free(a);
+  free(b);
+  free(c);
 }
 
 /* A 4-unit slab (a busy class's) with one committed free unit and fresh
