@@ -87,7 +87,8 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
  * is less (the slab classes are an eighth apart, and a buffer grown in
  * small steps was copied at each: 16 buffers grown by 100 B to 8,000 B
  * copied twice mimalloc's bytes, at 0.85x its speed; from 6 KiB it went
- * through 6.5 and 7 KiB). The span classes are a quarter apart already. */
+ * through 6.5 and 7 KiB). The span classes step by a quarter of a power
+ * of two already. */
 void *hak_realloc_block(size_t size, size_t old) {
   bool small_step = size > old && size - old <= old / 4;
   size_t more = old + old / 4;
