@@ -491,6 +491,7 @@ static void chunks_empty(size_t i, size_t j, bool count) {
  * committed; true while some stay committed. */
 static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
   uint64_t now = hak_clock_ms(), delay = (uint64_t)hak_opt.purge_delay_ms;
+  bool strict = hak_os_commit_strict();
   for (size_t i = bit_next(tab.dirty_bits, 0, true); i < high && dirty_bytes > keep;
        i = bit_next(tab.dirty_bits, i, true)) {
     if (!(force || now - tab.freed_ms[i] >= delay || tab.freed_ms[i] <= older)) {
@@ -503,7 +504,6 @@ static bool arena_purge_locked(bool force, uint64_t older, size_t keep) {
       chunk_forget(j);
       j++;
     }
-    bool strict = hak_os_commit_strict();
     if (strict && hak_os_decommit(chunk_addr(i), (j - i) << GRAIN_SHIFT))
       memset(&tab.accessible[i], 0, (j - i) * sizeof tab.accessible[0]);
     else /* left accessible, or the decommit refused (at the limit of areas) */

@@ -551,11 +551,14 @@ static void classes_reclaim_idle(hak_heap_t *heap, size_t cls) {
   heap->slab_refilled = 0;
   for (; look; look &= look - 1) {
     size_t c = (size_t)__builtin_ctzll(look);
-    /* A class with no slab gets one only by a refill, which makes it
-     * active: it is not looked at again until then. */
-    if (heap->free[c] == NULL && heap->queue[c].first != NULL) continue;
+    if (heap->free[c] == NULL) {
+      /* A class with no slab gets one only by a refill, which makes it
+       * active: it is not looked at again until then. */
+      if (heap->queue[c].first == NULL) heap->slab_checked |= UINT64_C(1) << c;
+      continue;
+    }
     heap->slab_checked |= UINT64_C(1) << c;
-    if (heap->free[c] != NULL && class_all_free(heap, c)) class_release(heap, c);
+    if (class_all_free(heap, c)) class_release(heap, c);
   }
 }
 
