@@ -269,6 +269,9 @@ struct hak_heap_s {
   /* Slab classes refilled since the last new slab and between the two
    * before; those looked at while idle (slab.c, classes_reclaim_idle). */
   uint64_t slab_refilled, slab_refilled_before, slab_checked;
+  /* Slab classes whose blocks came back to a slab since the class last
+   * had none (slab.c, slab_units). */
+  uint64_t slab_came_back;
   uint32_t span_refills, span_trim_period;
   size_t span_given_in_row; /* by overflows that found what the last one left */
   hak_block_t *span_left[HAK_SPAN_CLASSES]; /* each cache's list after its last overflow */

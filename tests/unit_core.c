@@ -1797,6 +1797,57 @@ TEST(a_class_that_filled_a_slab_takes_longer_slabs) {
   CHECK_MSG(u == 4, "288 B: %u units", u);
 }
 
+/* The units of the first n slabs that blocks of size fill one after
+ * another in units[]; as slab back_at starts (0: never), the first block
+ * is freed, back to its FULL slab. */
+static void growing_class_slab_units(size_t size, unsigned *units, int n, int back_at) {
+  enum { MAX = 8192 };
+  void **ps = calloc(MAX, sizeof *ps);
+  hak_slab_t *seen[8];
+  REQUIRE(ps != NULL && n <= 8);
+  hak_release_all(); /* no committed free unit left: slabs get their full length */
+  int blocks = 0, slabs = 0;
+  while (slabs < n) {
+    REQUIRE(blocks < MAX);
+    void *p = ps[blocks++] = malloc(size);
+    REQUIRE(p != NULL);
+    hak_slab_t *s = slab_of_ptr(p);
+    bool old = false;
+    for (int i = 0; i < slabs; i++) old |= seen[i] == s;
+    if (old) continue;
+    seen[slabs] = s;
+    units[slabs++] = s->units;
+    if (slabs == back_at) {
+      free(ps[0]);
+      ps[0] = NULL;
+    }
+  }
+  for (int i = 0; i < blocks; i++) free(ps[i]);
+  free(ps);
+}
+
+/* A class that only grows doubles its slabs up to 8 units: blocks that
+ * leave in the order they came (buffers that move on to the next class
+ * together) then empty one slab after another for the next class. */
+TEST(a_class_that_only_grows_doubles_its_slabs_to_8_units_at_most) {
+  start_purger(); /* before: starting it allocates */
+  unsigned u[5];
+  growing_class_slab_units(1000, u, 5, 0); /* 1 KiB: 64 in a unit, 256 in 4 */
+  CHECK_MSG(u[0] == 1 && u[1] == 4 && u[2] == 8 && u[3] == 8 && u[4] == 8,
+            "1 KiB: %u, %u, %u, %u, %u units", u[0], u[1], u[2], u[3], u[4]);
+}
+
+/* Once a block has come back to one of its slabs, the class doubles on:
+ * 1, 4, 8, then 4, 8, 16 and 32 units (the first slab, refilled with that
+ * block, is the one filled last when the fourth comes, which doubles it). */
+TEST(a_class_whose_block_came_back_doubles_its_slabs_past_8_units) {
+  start_purger();
+  unsigned u[7];
+  growing_class_slab_units(1000, u, 7, 3);
+  CHECK_MSG(u[5] > 8 && u[6] > u[5], "1 KiB: %u, %u, %u, %u, %u, %u, %u units", u[0], u[1], u[2],
+            u[3], u[4], u[5], u[6]);
+}
+
 /* ---- spans ---- */
 
 static uint32_t page_word(const void *p) {
