@@ -123,6 +123,12 @@ static size_t slab_index(const hak_slab_t *slab, size_t off) {
   return (size_t)(((unsigned __int128)off * slab->magic) >> 64);
 }
 
+/* A block of class cls came back to a slab, for a refill to take: the
+ * class does not only grow (slab_units). */
+static inline void class_came_back(hak_heap_t *heap, size_t cls) {
+  heap->slab_came_back |= UINT64_C(1) << cls;
+}
+
 /* The list of a detached slab's own frees, now the caller's (used is a
  * count: the list holds reserved - used blocks), relinked in address order
  * when it is long (HAK_SORT_MIN): blocks the program freed at random then
@@ -136,8 +142,9 @@ static size_t slab_index(const hak_slab_t *slab, size_t off) {
  * too: each is a line or more of its own, which the walk and the
  * relinking would read and write (random_mixed 4000-4400 B, ws=2048:
  * 1.13x). */
-static hak_block_t *take_local(hak_slab_t *slab) {
+static hak_block_t *take_local(hak_heap_t *heap, hak_slab_t *slab) {
   hak_block_t *list = slab->local_free;
+  class_came_back(heap, slab->cls);
   size_t n = slab->reserved - slab->used;
   slab->local_free = NULL;
   if (n < HAK_SORT_MIN || slab->cls >= HAK_SMALL_CLASSES) return list;
@@ -262,12 +269,6 @@ static void slab_unattach(hak_heap_t *heap, hak_slab_t *slab) {
   slab_detach(slab, slab_count_out(slab));
 }
 
-/* A block of class cls came back to a slab, for a refill to take: the
- * class does not only grow (slab_units). */
-static inline void class_came_back(hak_heap_t *heap, size_t cls) {
-  heap->slab_came_back |= UINT64_C(1) << cls;
-}
-
 static inline bool slab_has_freed(const hak_slab_t *slab) {
   return slab->local_free != NULL ||
          atomic_load_explicit(&slab->remote, memory_order_relaxed) != NULL;
@@ -280,8 +281,7 @@ static inline bool slab_has_freed(const hak_slab_t *slab) {
 static hak_block_t *slab_take(hak_heap_t *heap, hak_slab_t *slab) {
   hak_block_t *list;
   if (slab->local_free) {
-    list = take_local(slab);
-    class_came_back(heap, slab->cls);
+    list = take_local(heap, slab);
   } else if ((list = take_remote(slab)) != NULL) {
     class_came_back(heap, slab->cls);
   } else {
@@ -674,8 +674,7 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
     return heap_refill_pop(size, heap, cls);
   HAK_STAT_ADD(refills, 1);
   heap->slab_refilled |= UINT64_C(1) << cls;
-  class_came_back(heap, cls);
-  hak_block_t *list = take_local(slab);
+  hak_block_t *list = take_local(heap, slab);
   slab_all_out(heap, slab);
   heap->free[cls] = list;
   return hak_refill_done(hak_heap_pop(heap, cls), cls, size);
