@@ -205,6 +205,9 @@ struct hak_segment_s {
     struct {
       hak_slab_t none; /* what every unit maps to: owner 0, state FREE */
       unsigned used_pages; /* pages of blocks (cached ones too) */
+      /* 0, or at most how many pages dirty free runs side by side make:
+       * pages_give leaves runs apart (span.c) */
+      uint16_t apart_most;
       /* One word per page (span.c): the first page of a block holds its
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run's handle; every other page 0. */

@@ -2001,7 +2001,9 @@ TEST(freed_span_pages_serve_a_block_of_another_size) {
   free(guard);
 }
 
-TEST(adjacent_free_spans_merge) {
+/* Blocks of up to 16 pages given back side by side stay runs of their
+ * own, until a block needs them together. */
+TEST(adjacent_free_spans_merge_when_a_block_needs_them) {
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
   hak_release_all();
@@ -2015,11 +2017,52 @@ TEST(adjacent_free_spans_merge) {
   flush_span_caches();
   uint32_t w = page_word(a);
   REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
-  CHECK(page_word(b) == 0); /* inside the run now */
-  CHECK(page_word(b + 40960 - 4096) == w); /* the run's last page */
-  uint8_t *c = malloc(81920); /* needs both */
+  CHECK((page_word(b) & HAK_PAGE_TAG) == HAK_PAGE_FREE && page_word(b) != w); /* apart */
+  uint8_t *c = malloc(81920); /* no dirty run fits: the two make one */
   CHECK(c == a);
+  CHECK(page_word(b) == 0); /* inside c */
   free(c);
+  free(guard);
+}
+
+/* A longer block given back merges with its free neighbours at once. */
+TEST(adjacent_long_free_spans_merge_at_once) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *a = malloc(120000), *b = malloc(120000), *guard = malloc(120000);
+  REQUIRE(a && b && guard);
+  REQUIRE(b == a + 131072 && guard == b + 131072);
+  memset(a, 1, 120000);
+  memset(b, 1, 120000);
+  free(b);
+  free(a);
+  flush_span_caches();
+  uint32_t w = page_word(a);
+  REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
+  CHECK(page_word(b) == 0); /* inside the run now */
+  CHECK(page_word(b + 131072 - 4096) == w); /* the run's last page */
+  free(guard);
+}
+
+/* The next block of a freed block's length takes its run, though the run
+ * has a free neighbour that a block of another length left: merged, the
+ * block would take the pages at the front of both. */
+TEST(a_freed_span_run_serves_the_next_block_of_its_length) {
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  uint8_t *a = malloc(40000), *b = malloc(20000), *guard = malloc(40000);
+  REQUIRE(a && b && guard);
+  REQUIRE(b == a + 40960 && guard == b + 20480); /* first fills: one block each */
+  memset(a, 1, 40000);
+  memset(b, 1, 20000);
+  free(a);
+  free(b);
+  flush_span_caches();
+  uint8_t *d = malloc(20000);
+  CHECK(d == b);
+  free(d);
   free(guard);
 }
 
@@ -2448,6 +2491,29 @@ TEST(short_free_span_runs_wait_for_their_neighbours) {
   free(a);
   free(c);
   free(e);
+}
+
+/* Runs kept apart, each shorter than 64 KiB, merge once idle: together
+ * they are a long run, which the timed purge returns. */
+TEST(short_span_runs_apart_merge_and_are_purged_when_idle) {
+  hak_opt.purge_delay_ms = 20;
+  start_purger();
+  flush_span_caches();
+  hak_release_all();
+  char *a = malloc(20000), *b = malloc(24000), *c = malloc(28000), *guard = malloc(12000);
+  REQUIRE(b == a + 20480 && c == b + 24576 && guard == c + 28672); /* first fills */
+  memset(a, 1, 20000);
+  memset(b, 1, 24000);
+  memset(c, 1, 28000);
+  free(a);
+  free(b);
+  free(c);
+  flush_span_caches();
+  CHECK(page_word(b) != 0); /* apart */
+  WAIT_FOR(resident_pages(a, 18 * 4096) == 0);
+  int resident = resident_pages(a, 18 * 4096);
+  CHECK_MSG(resident == 0, "%d of 18 pages resident", resident);
+  free(guard);
 }
 
 /* While the program maps new memory, what it freed waits HAK_GROWTH_WAIT
