@@ -16,9 +16,9 @@
  * words in a segment's header name them), found by best fit in bins by
  * length, runs with committed pages first. A short run that a block gave
  * back stays apart from its neighbours until they are needed whole, for
- * the next block of its length. A run idle
- * for the purge delay is purged, and a segment with no block left goes
- * back to the segment cache once its runs are purged. */
+ * the next block of its length. A run idle for the purge delay is purged,
+ * and a segment with no block left goes back to the segment cache once its
+ * runs are purged. */
 #define _GNU_SOURCE /* PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP */
 #include "internal.h"
 
