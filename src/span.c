@@ -451,6 +451,14 @@ static unsigned dirty_pages_from(hak_segment_t *seg, unsigned i) {
   return i - start;
 }
 
+/* The first free run of seg from page i on (i the first page of a block
+ * or of a run), or NULL. */
+static run_t *free_run_from(hak_segment_t *seg, unsigned i) {
+  uint32_t *pg = seg->span.page;
+  while (i < HAK_SPAN_PAGES && (pg[i] & HAK_PAGE_TAG) != HAK_PAGE_FREE) i += word_pages(pg[i]);
+  return i < HAK_SPAN_PAGES ? run_of(pg[i]) : NULL;
+}
+
 /* Whether free run r is dirty and so is the free run after it. */
 static bool run_next_dirty(const run_t *r) {
   unsigned end = r->first + r->pages;
@@ -464,26 +472,15 @@ static bool run_next_dirty(const run_t *r) {
 static run_t *runs_merge_for(unsigned need) {
   for (hak_segment_t *seg = segments; seg != NULL; seg = seg->next) {
     if (seg->span.apart_most < need) continue; /* 0: none apart */
-    uint32_t *pg = seg->span.page;
     unsigned most = 1;
-    for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
-      uint32_t w = pg[i];
-      if ((w & HAK_PAGE_TAG) != HAK_PAGE_FREE) {
-        i += word_pages(w);
-        continue;
-      }
-      run_t *r = run_of(w);
-      if (r->state != RUN_DIRTY) {
-        i += r->pages;
-        continue;
-      }
-      unsigned pages = dirty_pages_from(seg, i);
-      if (pages >= need) {
+    for (run_t *r = free_run_from(seg, HAK_SPAN_FIRST_PAGE); r != NULL;) {
+      unsigned pages = r->state == RUN_DIRTY ? dirty_pages_from(seg, r->first) : r->pages;
+      if (r->state == RUN_DIRTY && pages >= need) {
         run_merge_next(r, UINT64_MAX);
         return r;
       }
-      if (pages > most) most = pages;
-      i += pages;
+      if (r->state == RUN_DIRTY && pages > most) most = pages;
+      r = free_run_from(seg, r->first + pages);
     }
     seg->span.apart_most = (uint16_t)most;
   }
@@ -496,18 +493,11 @@ static bool runs_merge_idle(uint64_t before) {
   bool waiting = false;
   for (hak_segment_t *seg = segments; seg != NULL && apart_segments != 0; seg = seg->next) {
     if (seg->span.apart_most == 0) continue;
-    uint32_t *pg = seg->span.page;
     bool left = false;
-    for (unsigned i = HAK_SPAN_FIRST_PAGE; i < HAK_SPAN_PAGES;) {
-      uint32_t w = pg[i];
-      if ((w & HAK_PAGE_TAG) != HAK_PAGE_FREE) {
-        i += word_pages(w);
-        continue;
-      }
-      run_t *r = run_of(w);
+    for (run_t *r = free_run_from(seg, HAK_SPAN_FIRST_PAGE); r != NULL;
+         r = free_run_from(seg, r->first + r->pages)) {
       run_merge_next(r, before);
       left |= run_next_dirty(r);
-      i = r->first + r->pages;
     }
     if (!left) {
       seg->span.apart_most = 0;
