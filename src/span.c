@@ -404,25 +404,24 @@ static bool run_settle(run_t *r, bool keep) {
   return false;
 }
 
-/* Whether free run r is dirty and was given back at `before` or earlier. */
-static inline bool run_dirty_since(const run_t *r, uint64_t before) {
-  return r->state == RUN_DIRTY && r->since_ms <= before;
+/* The dirty free run that page i of seg begins or ends, or NULL (also past
+ * the segment's end). */
+static run_t *dirty_run_at(hak_segment_t *seg, unsigned i) {
+  uint32_t w = i < HAK_SPAN_PAGES ? seg->span.page[i] : 0;
+  run_t *r = (w & HAK_PAGE_TAG) == HAK_PAGE_FREE ? run_of(w) : NULL;
+  return r != NULL && r->state == RUN_DIRTY ? r : NULL;
 }
 
 /* Free run r, in its bin, takes in the dirty runs that follow it (pages_give
  * left them apart), if it and they were given back at `before` or earlier. */
 static void run_merge_next(run_t *r, uint64_t before) {
-  uint32_t *pg = r->seg->span.page;
-  if (!run_dirty_since(r, before)) return;
+  if (r->state != RUN_DIRTY || r->since_ms > before) return;
   bool merged = false;
-  for (unsigned end = r->first + r->pages;
-       end < HAK_SPAN_PAGES && (pg[end] & HAK_PAGE_TAG) == HAK_PAGE_FREE; end = r->first + r->pages) {
-    run_t *next = run_of(pg[end]);
-    if (!run_dirty_since(next, before)) break;
+  for (run_t *next; (next = dirty_run_at(r->seg, r->first + r->pages)) != NULL && next->since_ms <= before;) {
     if (!merged) bin_remove(r);
     merged = true;
     bin_remove(next);
-    pg[end - 1] = pg[end] = 0;
+    r->seg->span.page[next->first - 1] = r->seg->span.page[next->first] = 0;
     run_absorb(r, next);
   }
   if (!merged) return;
@@ -433,10 +432,8 @@ static void run_merge_next(run_t *r, uint64_t before) {
 /* Dirty free run r, in its bin, merged with the dirty runs on both sides:
  * the run that holds it now. */
 static run_t *run_merge_around(run_t *r) {
-  uint32_t *pg = r->seg->span.page;
-  while (r->first > HAK_SPAN_FIRST_PAGE && (pg[r->first - 1] & HAK_PAGE_TAG) == HAK_PAGE_FREE &&
-         run_of(pg[r->first - 1])->state == RUN_DIRTY)
-    r = run_of(pg[r->first - 1]);
+  for (run_t *left; r->first > HAK_SPAN_FIRST_PAGE && (left = dirty_run_at(r->seg, r->first - 1)) != NULL;)
+    r = left;
   run_merge_next(r, UINT64_MAX);
   return r;
 }
@@ -444,10 +441,8 @@ static run_t *run_merge_around(run_t *r) {
 /* The pages of the dirty runs from the one at page i of seg on, up to the
  * first page that is not in one. */
 static unsigned dirty_pages_from(hak_segment_t *seg, unsigned i) {
-  uint32_t *pg = seg->span.page;
   unsigned start = i;
-  while (i < HAK_SPAN_PAGES && (pg[i] & HAK_PAGE_TAG) == HAK_PAGE_FREE && run_of(pg[i])->state == RUN_DIRTY)
-    i += run_of(pg[i])->pages;
+  for (run_t *r; (r = dirty_run_at(seg, i)) != NULL;) i += r->pages;
   return i - start;
 }
 
@@ -461,9 +456,7 @@ static run_t *free_run_from(hak_segment_t *seg, unsigned i) {
 
 /* Whether free run r is dirty and so is the free run after it. */
 static bool run_next_dirty(const run_t *r) {
-  unsigned end = r->first + r->pages;
-  uint32_t w = end < HAK_SPAN_PAGES ? r->seg->span.page[end] : 0;
-  return r->state == RUN_DIRTY && (w & HAK_PAGE_TAG) == HAK_PAGE_FREE && run_of(w)->state == RUN_DIRTY;
+  return r->state == RUN_DIRTY && dirty_run_at(r->seg, r->first + r->pages) != NULL;
 }
 
 /* The first run that runs apart make of at least `need` pages, merged, or
