@@ -53,19 +53,21 @@ static size_t dirty_pages;  /* pages of the dirty runs */
 static size_t pages_in_use_most; /* the most there have been */
 static size_t apart_segments; /* segments with runs apart (span.apart_most) */
 
-/* Run records come from a pool that always holds enough for every run the
- * segments can be cut into (free runs are separated by blocks, or are runs
- * apart of two pages or more: pages_give), so giving pages back never
- * allocates. Records are taken from their chunk only when first needed, so
- * that the pages of the pool touched are those of the most runs there have
- * been at once, and the pool goes back to the OS when the last span
- * segment does. A page word names a record by its chunk's number and its
- * place there in 30 bits: words of 32 bits keep a segment's header to two
- * pages (three with pointers, one more page per 16 blocks of 256 KiB). */
-#define RUNS_PER_SEGMENT (HAK_SPAN_PAGES / 2)
+/* Run records come from a pool that always holds one for each page of the
+ * segments, so giving pages back never allocates. Fewer do not do: runs
+ * that do not merge lie side by side (a dirty run and a zero one, or runs
+ * apart), and 8 KiB blocks cut into the tails that realloc gave back made
+ * 3 runs of 5 pages. Records are taken from their chunk only when first
+ * needed, so that the pages of the pool touched are those of the most
+ * runs there have been at once, and the pool goes back to the OS when the
+ * last span segment does. A page word names a record by its chunk's number
+ * and its place there in 30 bits: words of 32 bits keep a segment's header
+ * to two pages (three with pointers, one more page per 16 blocks of 256
+ * KiB). */
+#define RUNS_PER_SEGMENT (HAK_SPAN_PAGES - HAK_SPAN_FIRST_PAGE)
 #define POOL_CHUNK ((size_t)256 * 1024)
 #define CHUNK_SLOT_BITS 13
-#define POOL_CHUNKS_MAX ((size_t)1 << (30 - CHUNK_SLOT_BITS)) /* 5.5 TiB of segments */
+#define POOL_CHUNKS_MAX ((size_t)1 << (30 - CHUNK_SLOT_BITS)) /* 2.7 TiB of segments */
 typedef struct {
   size_t used; /* records taken from it */
 } pool_chunk_t;
@@ -73,7 +75,7 @@ typedef struct {
 _Static_assert(CHUNK_RUNS <= (1u << CHUNK_SLOT_BITS), "a chunk's records fit its slot bits");
 _Static_assert(offsetof(hak_segment_t, span) + sizeof(((hak_segment_t *)0)->span) <= 2 * HAK_PAGE_SIZE,
                "a span segment's header fits two pages");
-/* The chunks by number: the first CHUNKS_NEAR (records for 2.7 GiB of
+/* The chunks by number: the first CHUNKS_NEAR (records for 1.3 GiB of
  * span segments) in the library's data, the others in a table mapped when
  * a program needs them. A table of every chunk in the bss (1 MiB) was
  * charged to the commit of every process and of each child of a fork. */
@@ -512,9 +514,7 @@ static bool runs_merge_idle(uint64_t before) {
  * and once idle, before a purge. Longer blocks merge at once: a batch of
  * buffers of 16-256 KiB freed together and asked for again at other sizes
  * cut runs kept apart out of the middle of free space, and took new pages
- * (35.9 MiB at 64 KiB, 38.8 at 128 KiB, against 34.7 merged at once).
- * So does a page that realloc gave back from the end of a block: a run
- * apart of two pages or more keeps the pool's bound (RUNS_PER_SEGMENT). */
+ * (35.9 MiB at 64 KiB, 38.8 at 128 KiB, against 34.7 merged at once). */
 #define APART_PAGES 16
 
 /* Pages first .. first + n - 1 of seg, a block's, are free again. */
@@ -536,7 +536,7 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
     run_settle(r, nsegments == 1);
     return;
   }
-  if (n == 1 || n > APART_PAGES) {
+  if (n > APART_PAGES) {
     run_settle(r, true);
     return;
   }
