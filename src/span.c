@@ -184,7 +184,10 @@ static run_t *run_new(hak_segment_t *seg, unsigned first, unsigned pages, uint8_
     pool = r->next;
   } else {
     pool_chunk_t *c; /* pool_reserve made room */
-    while ((c = *chunk_at(chunk_filling))->used == CHUNK_RUNS) chunk_filling++;
+    while ((c = *chunk_at(chunk_filling))->used == CHUNK_RUNS) {
+      chunk_filling++;
+      HAK_ASSERT(chunk_filling < nchunks);
+    }
     r = (run_t *)(c + 1) + c->used;
     r->handle = (uint32_t)(chunk_filling << CHUNK_SLOT_BITS | c->used++) << 2 | HAK_PAGE_FREE;
   }
