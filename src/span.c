@@ -128,12 +128,21 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
  * batch, but they keep growing, and stop overflowing once they hold one. */
 #define DRAIN_BYTES ((size_t)4 << 20)
 /* A refill that took pages never used or purged (the page heap had no
- * dirty run that fits) trims the caches when they hold more than this:
- * the thread may have moved on to other sizes, and what the caches of the
- * sizes it left do not use is memory the refills can take instead of new
- * pages. Below it, such refills are a thread's caches filling up, which
- * trims would only cut back. */
+ * dirty run that fits) trims the caches when they hold more than this and
+ * the program is not growing: the thread may have moved on to other sizes,
+ * and what the caches of the sizes it left do not use is memory the
+ * refills can take instead of new pages. Below it, such refills are a
+ * thread's caches filling up, which trims would only cut back. A program
+ * grows while the span pages in use (blocks, cached ones too) are within
+ * GROWTH_SLACK_PAGES of their most, unless its caches hold more than half
+ * of them (what a thread that moved on holds): its new pages are its
+ * working set. Trimmed at such refills, random sizes of 4-64 KiB over 512
+ * slots gave back blocks of the classes they used, which other classes'
+ * refills cut, so that more refills took new pages and trimmed again (86
+ * times in 4M steps): 1,334 block addresses against 928, 15.4 MiB against
+ * 11.4, and 0.82x the speed. */
 #define TRIM_FRESH_BYTES ((size_t)4 << 20)
+#define GROWTH_SLACK_PAGES 64
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
 static inline unsigned batch_of(size_t cls) {
@@ -1000,10 +1009,19 @@ static void batch_number(hak_block_t *batch, unsigned n) {
   HAK_ASSERT(n == 0);
 }
 
+/* Whether the program grows (see TRIM_FRESH_BYTES), from the page heap's
+ * pages in use as a fill left them. */
+typedef struct {
+  size_t in_use, most;
+} span_use_t;
+static bool growing(span_use_t use, size_t cached) {
+  return use.in_use + GROWTH_SLACK_PAGES >= use.most && 2 * cached <= use.in_use << HAK_PAGE_SHIFT;
+}
+
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
  * taken (from a fresh run, by address); for the first, the page heap may
- * take a new segment. Returns how many. */
-static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
+ * take a new segment. Returns how many; *use tells the pages in use then. */
+static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, span_use_t *use) {
   /* linked once the lock is dropped: writing a link may fault a page in,
    * which other threads would wait for */
   void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
@@ -1027,6 +1045,7 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n) {
     taken[got++] = b;
     clean &= zero;
   }
+  *use = (span_use_t){pages_in_use, pages_in_use_most};
   pthread_mutex_unlock(&hak_span_lock);
   hak_block_t *head = NULL;
   for (unsigned i = got; i-- > 0;) {
@@ -1067,16 +1086,18 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   }
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
+  span_use_t use;
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
     cache_set(heap, cls, batch, false);
-  } else if (cache_fill(heap, cls, fill_size(heap, c)) == 0) {
+  } else if (cache_fill(heap, cls, fill_size(heap, c), &use) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again for the one block. */
     hak_release_all();
-    cache_fill(heap, cls, 1);
-  } else if (heap->clean[cls] && caches_bytes(heap) > TRIM_FRESH_BYTES) {
-    trim_unused(heap);
+    cache_fill(heap, cls, 1, &use);
+  } else if (heap->clean[cls]) {
+    size_t cached = caches_bytes(heap);
+    if (cached > TRIM_FRESH_BYTES && !growing(use, cached)) trim_unused(heap);
   }
   void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();

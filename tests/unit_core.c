@@ -2951,6 +2951,36 @@ TEST(a_fresh_refill_trims_the_caches_of_sizes_left) {
   flush_span_caches();
 }
 
+/* A refill that takes new pages while the program grows (its span pages
+ * in use at their most, its caches under half of them) keeps the caches:
+ * those pages are its working set. Once it holds fewer pages than it did,
+ * such a refill trims them, as for a thread that moved on to other sizes. */
+TEST(a_fresh_refill_trims_the_caches_only_once_the_program_stops_growing) {
+  enum { LIVE = 48, N = 24 }; /* 12 MiB in use, 4.9 MiB cached */
+  size_t cached = hak_size_class(200000);
+  void *live[LIVE], *ps[N], *b[4];
+  hak_opt.purge_delay_ms = 100000;
+  flush_span_caches();
+  hak_release_all();
+  for (int i = 0; i < LIVE; i++) REQUIRE((live[i] = malloc(250000)) != NULL);
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(200000)) != NULL);
+  REQUIRE(grow_span_cache(cached, ps, N) >= N);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(cache_len(cached) == N);
+  hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
+  for (int i = 0; i < 2; i++) REQUIRE((b[i] = malloc(100000)) != NULL); /* new pages */
+  CHECK_MSG(cache_len(cached) == N, "%zu blocks of 200 KiB cached while growing", cache_len(cached));
+  for (int i = 0; i < 4; i++) REQUIRE(realloc(live[i], 100000) == live[i]); /* 144 pages back */
+  hak_span_purge(true);
+  /* the first trim finds the cache ran dry before it, the second gives
+   * back three quarters of it */
+  for (int i = 2; i < 4; i++) REQUIRE((b[i] = malloc(100000)) != NULL);
+  CHECK_MSG(cache_len(cached) == N / 4, "%zu blocks of 200 KiB cached after", cache_len(cached));
+  for (int i = 0; i < 4; i++) free(b[i]);
+  for (int i = 0; i < LIVE; i++) free(live[i]);
+  flush_span_caches();
+}
+
 /* The next span refill trims the caches (the last of a trim period). */
 static void trim_span_caches(size_t size) {
   hak_tls_heap->span_refills = hak_tls_heap->span_trim_period - 1;
