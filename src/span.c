@@ -134,13 +134,14 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
  * refills can take instead of new pages. Below it, such refills are a
  * thread's caches filling up, which trims would only cut back. A program
  * grows while the span pages in use (blocks, cached ones too) are within
- * GROWTH_SLACK_PAGES of their most, unless its caches hold more than half
- * of them (what a thread that moved on holds): its new pages are its
- * working set. Trimmed at such refills, random sizes of 4-64 KiB over 512
- * slots gave back blocks of the classes they used, which other classes'
- * refills cut, so that more refills took new pages and trimmed again (86
- * times in 4M steps): 1,334 block addresses against 928, 15.4 MiB against
- * 11.4, and 0.82x the speed. */
+ * GROWTH_SLACK_PAGES of their most, unless the thread's caches are more
+ * than half of what it holds (span_held: a thread that moved on, while
+ * other threads may be growing): its new pages are its working set.
+ * Trimmed at such refills, random sizes of 4-64 KiB over 512 slots gave
+ * back blocks of the classes they used, which other classes' refills cut,
+ * so that more refills took new pages and trimmed again (86 times in 4M
+ * steps): 1,334 block addresses against 928, 15.4 MiB against 11.4, and
+ * 0.82x the speed. */
 #define TRIM_FRESH_BYTES ((size_t)4 << 20)
 #define GROWTH_SLACK_PAGES 64
 
@@ -836,6 +837,7 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   pthread_mutex_lock(&hak_span_lock);
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t cls = HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(m);
+    heap->span_held -= (int64_t)hak_span_count(heap, cls) * hak_class_size[cls];
     give_locked(heap->free[cls], now);
     heap->free[cls] = NULL;
   }
@@ -879,6 +881,7 @@ void hak_span_heap_done(hak_heap_t *heap) {
   heap->span_given_in_row = 0;
   heap->span_refills = 0;
   heap->span_trimmed = heap->span_refilled = 0;
+  heap->span_held = 0;
   for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_low[c] = 0;
 }
 
@@ -911,6 +914,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     return;
   }
   if (heap->draining) {
+    heap->span_held -= hak_class_size[cls];
     drain_add(heap, c, b);
     return;
   }
@@ -934,6 +938,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   heap->free[cls] = heap->span_left[c] = rest;
   hak_set_next(last, NULL);
   heap->span_overflowed |= UINT64_C(1) << c;
+  heap->span_held -= (int64_t)n * hak_class_size[cls];
   give_list(b);
   heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
   if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
@@ -973,6 +978,7 @@ static void trim_unused(hak_heap_t *heap) {
     unsigned low = heap->span_low[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
+      heap->span_held -= (int64_t)n * hak_class_size[cls];
       heap->span_trimmed |= UINT64_C(1) << c;
       hak_block_t *first = heap->free[cls], *last = first;
       for (unsigned i = 1; i < n; i++) last = hak_next(last);
@@ -1010,12 +1016,12 @@ static void batch_number(hak_block_t *batch, unsigned n) {
 }
 
 /* Whether the program grows (see TRIM_FRESH_BYTES), from the page heap's
- * pages in use as a fill left them. */
+ * pages in use as a fill left them and what the thread holds. */
 typedef struct {
   size_t in_use, most;
 } span_use_t;
-static bool growing(span_use_t use, size_t cached) {
-  return use.in_use + GROWTH_SLACK_PAGES >= use.most && 2 * cached <= use.in_use << HAK_PAGE_SHIFT;
+static bool growing(const hak_heap_t *heap, span_use_t use, size_t cached) {
+  return use.in_use + GROWTH_SLACK_PAGES >= use.most && (int64_t)(2 * cached) <= heap->span_held;
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
@@ -1087,6 +1093,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
   span_use_t use;
+  bool filled = false;
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
     cache_set(heap, cls, batch, false);
@@ -1095,9 +1102,13 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
      * or for the purger's unmap, and look again for the one block. */
     hak_release_all();
     cache_fill(heap, cls, 1, &use);
-  } else if (heap->clean[cls]) {
+  } else {
+    filled = true;
+  }
+  heap->span_held += (int64_t)hak_span_count(heap, cls) * hak_class_size[cls];
+  if (filled && heap->clean[cls]) {
     size_t cached = caches_bytes(heap);
-    if (cached > TRIM_FRESH_BYTES && !growing(use, cached)) trim_unused(heap);
+    if (cached > TRIM_FRESH_BYTES && !growing(heap, use, cached)) trim_unused(heap);
   }
   void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();
@@ -1163,6 +1174,7 @@ static void *move_giving_back(void *p, size_t size, size_t old, size_t cls) {
   if (q == NULL) return NULL;
   memcpy(q, p, old);
   block_freed(hak_tls_heap, cls, p);
+  if (hak_tls_heap != HAK_HEAP_EMPTY) hak_tls_heap->span_held -= hak_class_size[cls];
   hak_set_next(p, NULL);
   give_list(p);
   return q;

@@ -261,6 +261,10 @@ struct hak_heap_s {
   uint16_t span_max[HAK_SPAN_CLASSES];
   uint16_t span_low[HAK_SPAN_CLASSES];
   size_t span_grown;
+  /* Bytes of span blocks the heap took from the page heap or the transfer,
+   * less those it gave back: what the thread holds, in use or cached, but
+   * for blocks other threads took and it freed (span.c, growing). */
+  int64_t span_held;
   uint64_t span_overflowed;
   /* The trims (span.c, trim_unused): the span classes the last one gave
    * blocks of, those refilled since, the refills since, and the refills

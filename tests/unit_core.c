@@ -2951,6 +2951,35 @@ TEST(a_fresh_refill_trims_the_caches_of_sizes_left) {
   flush_span_caches();
 }
 
+/* Blocks another thread took and keeps in use. */
+static void *take_16_mib_of_spans(void *arg) {
+  void **ps = arg;
+  for (int i = 0; i < 64; i++) REQUIRE((ps[i] = malloc(250000)) != NULL);
+  return NULL;
+}
+
+/* What the thread that moved on holds decides, not the program: another
+ * thread's 16 MiB in use make its 12 MiB cached less than half of all the
+ * span pages in use. */
+TEST(a_fresh_refill_trims_the_caches_of_sizes_left_while_another_thread_holds_more) {
+  enum { N = 48 };
+  size_t size = 250000, cls = hak_size_class(size);
+  static void *ps[N], *other[64];
+  hak_opt.purge_delay_ms = 100000;
+  run_thread(take_16_mib_of_spans, other);
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  REQUIRE(grow_span_cache(cls, ps, N) >= N);
+  for (int i = 0; i < N; i++) free(ps[i]);
+  REQUIRE(cache_len(cls) == N);
+  hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
+  void *b[3];
+  for (int i = 0; i < 3; i++) REQUIRE((b[i] = malloc(100000)) != NULL);
+  CHECK_MSG(cache_len(cls) == N / 4, "%zu blocks of 256 KiB cached", cache_len(cls));
+  for (int i = 0; i < 3; i++) free(b[i]);
+  for (int i = 0; i < 64; i++) free(other[i]);
+  flush_span_caches();
+}
+
 /* A refill that takes new pages while the program grows (its span pages
  * in use at their most, its caches under half of them) keeps the caches:
  * those pages are its working set. Once it holds fewer pages than it did,
