@@ -1092,7 +1092,7 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   }
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
-  span_use_t use;
+  span_use_t use = {0, 0};
   bool filled = false;
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
