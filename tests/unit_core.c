@@ -2981,9 +2981,10 @@ TEST(a_fresh_refill_trims_the_caches_of_sizes_left_while_another_thread_holds_mo
 }
 
 /* A refill that takes new pages while the program grows (its span pages
- * in use at their most, its caches under half of them) keeps the caches:
- * those pages are its working set. Once it holds fewer pages than it did,
- * such a refill trims them, as for a thread that moved on to other sizes. */
+ * in use at their most, the caches under half of what the thread holds)
+ * keeps the caches: those pages are its working set. Once it holds fewer
+ * pages than it did, such a refill trims them, as for a thread that moved
+ * on to other sizes. */
 TEST(a_fresh_refill_trims_the_caches_only_once_the_program_stops_growing) {
   enum { LIVE = 48, N = 24 }; /* 12 MiB in use, 4.9 MiB cached */
   size_t cached = hak_size_class(200000);
