@@ -146,6 +146,10 @@ static _Atomic size_t grown_all; /* the sum of the heaps' span_grown */
 #define GROWTH_SLACK_PAGES 64
 
 static inline unsigned class_pages(size_t cls) { return hak_class_size[cls] >> HAK_PAGE_SHIFT; }
+/* n blocks of cls more (or fewer) that the heap holds (span_held). */
+static inline void held_add(hak_heap_t *heap, size_t cls, int64_t n) {
+  heap->span_held += n * hak_class_size[cls];
+}
 static inline unsigned batch_of(size_t cls) {
   size_t n = BATCH_BYTES / hak_class_size[cls];
   return n ? (unsigned)n : 1;
@@ -837,7 +841,7 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
   pthread_mutex_lock(&hak_span_lock);
   for (uint64_t m = mask; m; m &= m - 1) {
     size_t cls = HAK_SLAB_CLASSES + (size_t)__builtin_ctzll(m);
-    heap->span_held -= (int64_t)hak_span_count(heap, cls) * hak_class_size[cls];
+    held_add(heap, cls, -(int64_t)hak_span_count(heap, cls));
     give_locked(heap->free[cls], now);
     heap->free[cls] = NULL;
   }
@@ -914,7 +918,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
     return;
   }
   if (heap->draining) {
-    heap->span_held -= hak_class_size[cls];
+    held_add(heap, cls, -1);
     drain_add(heap, c, b);
     return;
   }
@@ -938,7 +942,7 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   heap->free[cls] = heap->span_left[c] = rest;
   hak_set_next(last, NULL);
   heap->span_overflowed |= UINT64_C(1) << c;
-  heap->span_held -= (int64_t)n * hak_class_size[cls];
+  held_add(heap, cls, -(int64_t)n);
   give_list(b);
   heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
   if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
@@ -978,7 +982,7 @@ static void trim_unused(hak_heap_t *heap) {
     unsigned low = heap->span_low[c]; /* fewest held */
     unsigned n = low - low / 4;
     if (n > 0) {
-      heap->span_held -= (int64_t)n * hak_class_size[cls];
+      held_add(heap, cls, -(int64_t)n);
       heap->span_trimmed |= UINT64_C(1) << c;
       hak_block_t *first = heap->free[cls], *last = first;
       for (unsigned i = 1; i < n; i++) last = hak_next(last);
@@ -1015,19 +1019,18 @@ static void batch_number(hak_block_t *batch, unsigned n) {
   HAK_ASSERT(n == 0);
 }
 
-/* Whether the program grows (see TRIM_FRESH_BYTES), from the page heap's
- * pages in use as a fill left them and what the thread holds. */
-typedef struct {
-  size_t in_use, most;
-} span_use_t;
-static bool growing(const hak_heap_t *heap, span_use_t use, size_t cached) {
-  return use.in_use + GROWTH_SLACK_PAGES >= use.most && (int64_t)(2 * cached) <= heap->span_held;
+/* Whether the program grows (see TRIM_FRESH_BYTES): the page heap's pages
+ * in use were near their most after the fill, and the thread's caches are
+ * not the most of what it holds. */
+static bool growing(const hak_heap_t *heap, bool near_most, size_t cached) {
+  return near_most && (int64_t)(2 * cached) <= heap->span_held;
 }
 
 /* Takes up to n blocks of cls for the heap's empty cache, in the order
  * taken (from a fresh run, by address); for the first, the page heap may
- * take a new segment. Returns how many; *use tells the pages in use then. */
-static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, span_use_t *use) {
+ * take a new segment. Returns how many; *near_most tells whether the pages
+ * in use are then within GROWTH_SLACK_PAGES of their most. */
+static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, bool *near_most) {
   /* linked once the lock is dropped: writing a link may fault a page in,
    * which other threads would wait for */
   void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
@@ -1051,7 +1054,7 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, span_use_t 
     taken[got++] = b;
     clean &= zero;
   }
-  *use = (span_use_t){pages_in_use, pages_in_use_most};
+  *near_most = pages_in_use + GROWTH_SLACK_PAGES >= pages_in_use_most;
   pthread_mutex_unlock(&hak_span_lock);
   hak_block_t *head = NULL;
   for (unsigned i = got; i-- > 0;) {
@@ -1092,23 +1095,23 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   }
   cache_grow(heap, cls);
   hak_block_t *batch = transfer_pop(c);
-  span_use_t use = {0, 0};
+  bool near_most = false;
   bool filled = false;
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
     cache_set(heap, cls, batch, false);
-  } else if (cache_fill(heap, cls, fill_size(heap, c), &use) == 0) {
+  } else if (cache_fill(heap, cls, fill_size(heap, c), &near_most) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again for the one block. */
     hak_release_all();
-    cache_fill(heap, cls, 1, &use);
+    cache_fill(heap, cls, 1, &near_most);
   } else {
     filled = true;
   }
-  heap->span_held += (int64_t)hak_span_count(heap, cls) * hak_class_size[cls];
+  held_add(heap, cls, hak_span_count(heap, cls));
   if (filled && heap->clean[cls]) {
     size_t cached = caches_bytes(heap);
-    if (cached > TRIM_FRESH_BYTES && !growing(heap, use, cached)) trim_unused(heap);
+    if (cached > TRIM_FRESH_BYTES && !growing(heap, near_most, cached)) trim_unused(heap);
   }
   void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();
@@ -1174,7 +1177,7 @@ static void *move_giving_back(void *p, size_t size, size_t old, size_t cls) {
   if (q == NULL) return NULL;
   memcpy(q, p, old);
   block_freed(hak_tls_heap, cls, p);
-  if (hak_tls_heap != HAK_HEAP_EMPTY) hak_tls_heap->span_held -= hak_class_size[cls];
+  if (hak_tls_heap != HAK_HEAP_EMPTY) held_add(hak_tls_heap, cls, -1);
   hak_set_next(p, NULL);
   give_list(p);
   return q;

@@ -2001,20 +2001,31 @@ TEST(freed_span_pages_serve_a_block_of_another_size) {
   free(guard);
 }
 
+/* Blocks *a and *b, of sizes sa and sb, in a row from a fresh run (the
+ * page heap emptied first, each class's first fill one block), and a guard
+ * of sa after them; a and b written and freed, a first if a_first, and the
+ * caches flushed, so that both are the page heap's. */
+static void spans_in_a_row_freed(size_t sa, size_t sb, bool a_first, uint8_t **a, uint8_t **b,
+                                 uint8_t **guard) {
+  flush_span_caches();
+  hak_release_all();
+  *a = malloc(sa), *b = malloc(sb), *guard = malloc(sa);
+  REQUIRE(*a && *b && *guard);
+  REQUIRE(*b == *a + hak_class_size[hak_size_class(sa + HAK_CANARY)] &&
+          *guard == *b + hak_class_size[hak_size_class(sb + HAK_CANARY)]);
+  memset(*a, 1, sa);
+  memset(*b, 1, sb);
+  free(a_first ? *a : *b);
+  free(a_first ? *b : *a);
+  flush_span_caches();
+}
+
 /* Blocks of up to 16 pages given back side by side stay runs of their
  * own, until a block needs them together. */
 TEST(adjacent_free_spans_merge_when_a_block_needs_them) {
   hak_opt.purge_delay_ms = 100000;
-  flush_span_caches();
-  hak_release_all();
-  uint8_t *a = malloc(40000), *b = malloc(40000), *guard = malloc(40000);
-  REQUIRE(a && b && guard);
-  REQUIRE(b == a + 40960 && guard == b + 40960); /* one at a time from a fresh run */
-  memset(a, 1, 40000);
-  memset(b, 1, 40000);
-  free(b);
-  free(a);
-  flush_span_caches();
+  uint8_t *a, *b, *guard;
+  spans_in_a_row_freed(40000, 40000, false, &a, &b, &guard);
   uint32_t w = page_word(a);
   REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
   CHECK((page_word(b) & HAK_PAGE_TAG) == HAK_PAGE_FREE && page_word(b) != w); /* apart */
@@ -2028,16 +2039,8 @@ TEST(adjacent_free_spans_merge_when_a_block_needs_them) {
 /* A longer block given back merges with its free neighbours at once. */
 TEST(adjacent_long_free_spans_merge_at_once) {
   hak_opt.purge_delay_ms = 100000;
-  flush_span_caches();
-  hak_release_all();
-  uint8_t *a = malloc(120000), *b = malloc(120000), *guard = malloc(120000);
-  REQUIRE(a && b && guard);
-  REQUIRE(b == a + 131072 && guard == b + 131072);
-  memset(a, 1, 120000);
-  memset(b, 1, 120000);
-  free(b);
-  free(a);
-  flush_span_caches();
+  uint8_t *a, *b, *guard;
+  spans_in_a_row_freed(120000, 120000, false, &a, &b, &guard);
   uint32_t w = page_word(a);
   REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
   CHECK(page_word(b) == 0); /* inside the run now */
@@ -2084,16 +2087,8 @@ TEST(span_run_records_suffice_for_short_runs_side_by_side) {
  * block would take the pages at the front of both. */
 TEST(a_freed_span_run_serves_the_next_block_of_its_length) {
   hak_opt.purge_delay_ms = 100000;
-  flush_span_caches();
-  hak_release_all();
-  uint8_t *a = malloc(40000), *b = malloc(20000), *guard = malloc(40000);
-  REQUIRE(a && b && guard);
-  REQUIRE(b == a + 40960 && guard == b + 20480); /* first fills: one block each */
-  memset(a, 1, 40000);
-  memset(b, 1, 20000);
-  free(a);
-  free(b);
-  flush_span_caches();
+  uint8_t *a, *b, *guard;
+  spans_in_a_row_freed(40000, 20000, true, &a, &b, &guard);
   uint8_t *d = malloc(20000);
   CHECK(d == b);
   free(d);
