@@ -72,17 +72,18 @@ static void outbox_flush(hak_outbox_t *o, bool start) {
 }
 
 void hak_free_flush_outboxes(hak_heap_t *heap) {
-  for (size_t c = 0; c < HAK_SMALL_CLASSES; c++)
+  for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
     if (heap->outbox[c].slab) outbox_flush(&heap->outbox[c], false);
 }
 
-/* Frees a small block of another live thread's slab: it waits in the
+/* Frees a slab block of another live thread's slab: it waits in the
  * heap's outbox for its class while the next frees go to the same slab, and
- * they go over together, in one atomic push, once they fill a page, or when
- * the next one is for another slab. One push per block made two threads that
- * pass blocks to each other fight over the slab's remote list. Always
- * inlined, as free_others is into both its callers: called, with more
- * registers saved in the generic path, it ran xmalloc 1p1c at 0.81-0.88x. */
+ * they go over together, in one atomic push, once they fill the outbox
+ * (hak_outbox_bytes), or when the next one is for another slab. One push per
+ * block made two threads that pass blocks to each other fight over the
+ * slab's remote list. Always inlined, as free_others is into both its
+ * callers: called, with more registers saved in the generic path, it ran
+ * xmalloc 1p1c at 0.81-0.88x. */
 HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_block_t *b) {
   hak_outbox_t *o = &heap->outbox[slab->cls];
   HAK_XSTAT_ADD(remote_frees, 1);
@@ -111,7 +112,7 @@ HAK_INLINE void free_remote_batched(hak_heap_t *heap, hak_slab_t *slab, hak_bloc
   hak_outbox_t old = *o;
   o->slab = slab;
   o->first = o->last = b;
-  o->bytes_left = HAK_PAGE_SIZE - slab->block_size;
+  o->bytes_left = hak_outbox_bytes(slab->cls) - slab->block_size;
   if (old.slab) outbox_flush(&old, true);
 }
 
@@ -164,10 +165,7 @@ HAK_INLINE void free_others(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *h
   if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&
       hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
     return;
-  if (HAK_LIKELY(slab->cls < HAK_SMALL_CLASSES))
-    free_remote_batched(heap, slab, (hak_block_t *)p);
-  else
-    free_remote_now(slab, (hak_block_t *)p);
+  free_remote_batched(heap, slab, (hak_block_t *)p);
 }
 
 /* A thread without a heap frees another thread's block. If that heap is

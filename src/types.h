@@ -224,11 +224,11 @@ typedef struct {
   hak_slab_t *first, *last;
 } hak_slab_queue_t;
 
-/* Small blocks freed to another thread's slab, not handed over yet. */
+/* Slab blocks freed to another thread's slab, not handed over yet. */
 typedef struct {
   hak_slab_t *slab; /* NULL when empty */
   hak_block_t *first, *last;
-  size_t bytes_left; /* handed over with the block that fills a page */
+  size_t bytes_left; /* handed over with the block that fills it */
 } hak_outbox_t;
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
@@ -304,7 +304,7 @@ struct hak_heap_s {
    * refill looks at the full lists before taking a new slab. */
   _Atomic int full_remote;
   uint64_t next_purge_ms; /* earliest pending slab purge, 0 for none */
-  hak_outbox_t outbox[HAK_SMALL_CLASSES]; /* see free_remote_batched */
+  hak_outbox_t outbox[HAK_SLAB_CLASSES]; /* see free_remote_batched */
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
   uint32_t refills;          /* slab refills (the owner's), for the purger... */
   uint32_t refills_at_purge; /* ...which saw this many at its last pass */

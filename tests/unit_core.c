@@ -1513,16 +1513,19 @@ static void *free_in_steps(void *arg) {
   return NULL;
 }
 
-TEST(remote_frees_go_over_a_page_at_a_time_at_collect_and_at_exit) {
-  enum { N = 64, SIZE = 200 };
+/* Frees blocks of `size` from another thread in steps: they go over to
+ * their slab an outbox (hak_outbox_bytes) at a time, at hak_collect, and
+ * at the thread's exit. */
+static void remote_frees_go_over_an_outbox_at_a_time(size_t size) {
+  enum { N = 64 };
   void *ps[N];
-  for (int i = 0; i < N; i++) ps[i] = malloc(SIZE);
+  for (int i = 0; i < N; i++) ps[i] = malloc(size);
   hak_slab_t *slab = slab_of_ptr(ps[0]);
   int n = 0;
   while (n < N && slab_of_ptr(ps[n]) == slab) n++;
-  size_t bs = slab->block_size, per_push = (HAK_PAGE_SIZE + bs - 1) / bs;
+  size_t bs = slab->block_size, per_push = (hak_outbox_bytes(slab->cls) + bs - 1) / bs;
   int first = (int)(2 * per_push + 3), later = 4;
-  REQUIRE(n >= first + later);
+  REQUIRE(per_push > (size_t)later && n >= first + later);
   n = first + later;
   held_frees_t h = {.batch = {ps, first}, .later = {ps + first, later}};
   sem_init(&h.freed, 0, 0);
@@ -1530,20 +1533,32 @@ TEST(remote_frees_go_over_a_page_at_a_time_at_collect_and_at_exit) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, free_in_steps, &h) == 0);
   sem_wait(&h.freed);
-  /* each push took the blocks that filled a page; the last 3 wait */
+  /* each push took the blocks that filled an outbox; the last 3 wait */
   CHECK(remote_count(slab) == 2 * per_push);
   sem_post(&h.go);
   sem_wait(&h.freed);
   CHECK(remote_count(slab) == (size_t)first); /* hak_collect handed them over */
   sem_post(&h.go);
   sem_wait(&h.freed);
-  CHECK(remote_count(slab) == (size_t)first); /* 4 blocks fill no page */
+  CHECK(remote_count(slab) == (size_t)first); /* 4 blocks fill no outbox */
   sem_post(&h.go);
   pthread_join(t, NULL);
   CHECK(remote_count(slab) == (size_t)n); /* the thread's exit handed over the rest */
   for (int i = n; i < N; i++) free(ps[i]);
   sem_destroy(&h.freed);
   sem_destroy(&h.go);
+}
+
+TEST(remote_frees_of_small_blocks_go_over_a_page_at_a_time_at_collect_and_at_exit) {
+  remote_frees_go_over_an_outbox_at_a_time(200);
+  CHECK(hak_outbox_bytes(hak_slab_class[200]) == HAK_PAGE_SIZE);
+}
+
+/* A page holds 2 blocks of 2 KiB: pushes of 2 left the consumer of a
+ * pipeline waiting on each push's locked instruction. */
+TEST(remote_frees_of_2_KiB_blocks_go_over_8_at_a_time) {
+  remote_frees_go_over_an_outbox_at_a_time(2000);
+  CHECK(hak_outbox_bytes(hak_slab_class[2000]) / hak_class_size[hak_slab_class[2000]] == 8);
 }
 
 TEST(empty_slabs_are_released) {
