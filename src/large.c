@@ -526,10 +526,43 @@ static void trim_to_locked(size_t limit) {
   }
 }
 
+/* Dirt counts the bytes that blocks spanned, not those they wrote. Freed
+ * blocks have SAMPLE_PAGES of their pages looked at (hak_os_resident, a
+ * window that moves from one sample to the next), one in SAMPLE_NEAR
+ * while the running share of the pages looked at that were committed is
+ * near the line of moves (below), one in SAMPLE_FAR otherwise (a look took
+ * 6 us on the VM of 2026-11-30). */
+#define SAMPLE_PAGES 16
+#define SAMPLE_NEAR 32
+#define SAMPLE_FAR 256
+static unsigned written_share = 192; /* of 256 */
+static HAK_NEAR_DATA size_t samples, sample_in = 1;
+
+static void sample_written(const hak_segment_t *seg) {
+  if (--sample_in) return;
+  sample_in = written_share >= 64 && written_share <= 192 ? SAMPLE_NEAR : SAMPLE_FAR;
+  size_t first = seg->large_offset >> HAK_PAGE_SHIFT;
+  size_t pages = (seg->map_size >> HAK_PAGE_SHIFT) - first;
+  if (pages < SAMPLE_PAGES) return;
+  size_t at = first + (size_t)(++samples * 2654435761u) % (pages - SAMPLE_PAGES + 1);
+  size_t window = SAMPLE_PAGES << HAK_PAGE_SHIFT;
+  size_t in = hak_os_resident((uint8_t *)seg + (at << HAK_PAGE_SHIFT), window);
+  written_share = (written_share * 3 + (unsigned)(in * 256 / window)) / 4;
+}
+
 /* Free committed chunks stay within HAKMEM_LARGE_CACHE_MB, or the bytes of
- * live blocks if more (a program with more live churns more). */
+ * live blocks if more (a program with more live churns more). The bound
+ * is of committed bytes, and dirt their bound: while freed blocks wrote
+ * less than half of their pages (the line of moves, below), it holds
+ * 256 / written_share times as many bytes of dirt, up to 4 times (a share
+ * that has not caught up with a change of the program's blocks keeps
+ * within that). A producer that handed blocks of 256 KiB-1 MiB, each
+ * written at its first byte, to a consumer had the consumer's frees purge
+ * a chunk each, which the producer faulted in again: 0.55x as fast
+ * (xmalloc 1p1c). */
 static size_t cache_limit(void) {
   size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
+  if (written_share < 128) limit = limit / (written_share > 64 ? written_share : 64) * 256;
   return limit && live > limit ? live : limit;
 }
 
@@ -580,36 +613,13 @@ static void trim_locked(void) {
  * any has at least 64 KiB more of them. */
 #define DONATE_MIN ((size_t)65536)
 
-/* A move pays for the pages a block will write, but dirt counts those that
- * blocks spanned: 1000 blocks of 2-8 MiB, each written at its first byte,
- * had every move (an mremap and an mmap) bring a page or two, and moves
- * took half the time. Freed blocks have SAMPLE_PAGES of their pages looked
- * at (hak_os_resident, a window that moves from one sample to the next),
- * one in SAMPLE_NEAR while the running share of the pages looked at that
- * were committed is near the line, one in SAMPLE_FAR otherwise (a look
- * took 6 us on the VM of 2026-11-30); pages move while that share is at
- * least half. */
-#define SAMPLE_PAGES 16
-#define SAMPLE_NEAR 32
-#define SAMPLE_FAR 256
-static unsigned written_share = 192; /* of 256 */
-static HAK_NEAR_DATA size_t samples, sample_in = 1;
-
-static void sample_written(const hak_segment_t *seg) {
-  if (--sample_in) return;
-  sample_in = written_share >= 64 && written_share <= 192 ? SAMPLE_NEAR : SAMPLE_FAR;
-  size_t first = seg->large_offset >> HAK_PAGE_SHIFT;
-  size_t pages = (seg->map_size >> HAK_PAGE_SHIFT) - first;
-  if (pages < SAMPLE_PAGES) return;
-  size_t at = first + (size_t)(++samples * 2654435761u) % (pages - SAMPLE_PAGES + 1);
-  size_t window = SAMPLE_PAGES << HAK_PAGE_SHIFT;
-  size_t in = hak_os_resident((uint8_t *)seg + (at << HAK_PAGE_SHIFT), window);
-  written_share = (written_share * 3 + (unsigned)(in * 256 / window)) / 4;
-}
-
-/* The free chunk whose pages a move for `need` bytes takes: the one that
- * covers the most of them (dirty_best), if it covers `least` at least and
- * moves pay; else SIZE_MAX. */
+/* A move pays for the pages a block will write: 1000 blocks of 2-8 MiB,
+ * each written at its first byte, had every move (an mremap and an mmap)
+ * bring a page or two, and moves took half the time. Pages move while the
+ * share of the pages of freed blocks that were committed (written_share)
+ * is at least half. The free chunk whose pages a move for `need` bytes
+ * takes: the one that covers the most of them (dirty_best), if it covers
+ * `least` at least and moves pay; else SIZE_MAX. */
 static size_t donor_for(size_t need, size_t least) {
   if (written_share < 128) return SIZE_MAX;
   size_t donor = dirty_best(need);

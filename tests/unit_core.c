@@ -782,6 +782,32 @@ TEST(free_large_chunks_beyond_the_cache_bound_are_purged_no_more) {
   CHECK(resident_pages(b[3], 256 * 4096) == 256); /* the one freed last stays */
 }
 
+/* Free chunks of blocks that wrote their first page only count for what
+ * they hold: the bound of committed bytes holds up to 4 times its bytes of
+ * such chunks, not purged at each free. */
+TEST(free_large_chunks_of_blocks_that_wrote_a_page_count_for_less_than_they_spanned) {
+  hak_opt.purge_delay_ms = 100000;
+  hak_opt.large_cache_mb = 16;
+  const size_t mib = (size_t)1 << 20, sz = 8 * mib - 4096; /* four chunks each */
+  for (int i = 0; i < 200; i++) { /* freed blocks are sampled: they wrote a page */
+    uint8_t *p = malloc(sz);
+    REQUIRE(p != NULL);
+    p[0] = 1;
+    free(p);
+  }
+  enum { N = 12 };
+  uint8_t *b[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((b[i] = malloc(sz)) != NULL);
+    b[i][0] = 1;
+  }
+  size_t before = atomic_load(&hak_gstats.large_cached);
+  for (int i = 0; i < N; i++) free(b[i]);
+  size_t cached = atomic_load(&hak_gstats.large_cached) - before;
+  CHECK_MSG(cached <= 64 * mib && cached >= 56 * mib, "%zu KiB cached, bound 4 x 16 MiB", cached >> 10);
+  CHECK(resident_pages(b[N - 1], 4096) == 1); /* the one freed last stays */
+}
+
 TEST(free_large_chunks_are_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
