@@ -38,6 +38,7 @@ void *hak_alloc_aligned(size_t align, size_t size) {
   HAK_ASSERT(hak_valid_alignment(align));
   if (align <= 16) return hak_malloc_inline(size);
   if (align <= HAK_SLAB_ALIGN_MAX && size <= HAK_BIG_MAX) return alloc_aligned_slab(align, size);
+  if (align <= HAK_BIG_MAX && size <= HAK_BIG_MAX - HAK_CANARY) return hak_span_alloc_aligned(size, align);
   return hak_large_alloc(size, align, false);
 }
 

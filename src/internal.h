@@ -356,6 +356,9 @@ HAK_INLINE bool hak_span_is_block(size_t cls, const void *p) {
  * a new thread's heap first) and pops a block for a request of size; NULL
  * with ENOMEM when out of memory. */
 HAK_NOINLINE void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls);
+/* A span block of size bytes at a multiple of align (> HAK_SLAB_ALIGN_MAX,
+ * <= HAK_BIG_MAX); NULL with ENOMEM when out of memory. */
+void *hak_span_alloc_aligned(size_t size, size_t align);
 /* What free's fast path does not handle for a block of span segment seg
  * (see hak_span_free_inline). */
 HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p);

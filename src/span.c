@@ -563,32 +563,43 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
   seg->span.apart_most = HAK_SPAN_PAGES;
 }
 
-/* A block of class cls: the shortest committed run that fits, merged
- * with the runs apart beside it if it is longer; else the first that runs
- * apart make; else the shortest zero run. *clean tells whether its memory
- * is zero. NULL when there is no room, or (*refused) when its memory is
- * refused. */
-static void *block_take(size_t cls, bool *clean, bool *refused) {
-  unsigned n = class_pages(cls);
-  run_t *r = bin_find(0, n);
+/* A block of class cls at a multiple of align_pages pages (a power of
+ * two; the segment is aligned to more): the shortest committed run that
+ * fits, merged with the runs apart beside it if it is longer; else the
+ * first that runs apart make; else the shortest zero run. An aligned block
+ * looks for a run long enough to hold one at any start, and cuts it at the
+ * first multiple; the pages before stay a free run. *clean tells whether
+ * its memory is zero. NULL when there is no room, or (*refused) when its
+ * memory is refused. */
+static void *block_take(size_t cls, unsigned align_pages, bool *clean, bool *refused) {
+  unsigned n = class_pages(cls), need = n + align_pages - 1;
+  run_t *r = bin_find(0, need);
   if (r == NULL && apart_segments != 0)
-    r = runs_merge_for(n);
-  else if (r != NULL && r->pages > n && r->seg->span.apart_most != 0)
+    r = runs_merge_for(need);
+  else if (r != NULL && r->pages > need && r->seg->span.apart_most != 0)
     r = run_merge_around(r); /* what is left of it is as long as can be */
-  if (r == NULL) r = bin_find(1, n);
+  if (r == NULL) r = bin_find(1, need);
   if (r == NULL) return NULL;
-  *refused = !hak_segment_commit(r->seg, (size_t)(r->first + n) << HAK_PAGE_SHIFT);
+  unsigned at = (r->first + align_pages - 1) & ~(align_pages - 1);
+  *refused = !hak_segment_commit(r->seg, (size_t)(at + n) << HAK_PAGE_SHIFT);
   if (*refused) return NULL;
   bin_remove(r);
   hak_segment_t *seg = r->seg;
-  unsigned first = r->first;
+  if (at > r->first) {
+    run_t *before = run_new(seg, r->first, at - r->first, r->state);
+    before->since_ms = r->since_ms;
+    run_mark(before);
+    bin_add(before);
+    r->pages = (uint16_t)(r->pages - before->pages);
+    r->first = (uint16_t)at;
+  }
   *clean = run_clean(r);
   run_take_front(r, n);
-  block_mark(seg, first, n, cls);
+  block_mark(seg, at, n, cls);
   seg->span.used_pages += n;
   pages_in_use += n;
   if (pages_in_use > pages_in_use_most) pages_in_use_most = pages_in_use;
-  return page_addr(seg, first);
+  return page_addr(seg, at);
 }
 
 /* The block at p goes back to the page heap. */
@@ -1026,21 +1037,20 @@ static bool growing(const hak_heap_t *heap, bool near_most, size_t cached) {
   return near_most && (int64_t)(2 * cached) <= heap->span_held;
 }
 
-/* Takes up to n blocks of cls for the heap's empty cache, in the order
- * taken (from a fresh run, by address); for the first, the page heap may
- * take a new segment. Returns how many; *near_most tells whether the pages
- * in use are then within GROWTH_SLACK_PAGES of their most. */
-static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, bool *near_most) {
-  /* linked once the lock is dropped: writing a link may fault a page in,
-   * which other threads would wait for */
-  void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
-  HAK_ASSERT(n <= sizeof taken / sizeof taken[0]);
-  bool clean = true;
+/* Takes up to n blocks of cls (at multiples of align_pages pages) from
+ * the page heap into taken, in the order taken (from a fresh run, by
+ * address); for the first, the page heap may take a new segment. Returns
+ * how many; *clean tells whether they are all zero memory, *near_most
+ * whether the pages in use are then within GROWTH_SLACK_PAGES of their
+ * most. */
+static unsigned blocks_take(size_t cls, unsigned n, unsigned align_pages, void **taken, bool *clean,
+                            bool *near_most) {
   unsigned got = 0;
+  *clean = true;
   pthread_mutex_lock(&hak_span_lock);
   while (got < n) {
     bool zero, refused = false;
-    void *b = block_take(cls, &zero, &refused);
+    void *b = block_take(cls, align_pages, &zero, &refused);
     if (b == NULL) {
       if (got > 0 || refused) break;
       bool bulk = pages_in_use_most >= HAK_SPAN_PAGES;
@@ -1052,10 +1062,23 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, bool *near_
       continue;
     }
     taken[got++] = b;
-    clean &= zero;
+    *clean &= zero;
   }
   *near_most = pages_in_use + GROWTH_SLACK_PAGES >= pages_in_use_most;
   pthread_mutex_unlock(&hak_span_lock);
+  return got;
+}
+
+/* Fills the heap's empty cache of cls with up to n blocks (blocks_take).
+ * Returns how many. */
+static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, unsigned align_pages,
+                           bool *near_most) {
+  /* linked once the lock is dropped: writing a link may fault a page in,
+   * which other threads would wait for */
+  void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
+  HAK_ASSERT(n <= sizeof taken / sizeof taken[0]);
+  bool clean;
+  unsigned got = blocks_take(cls, n, align_pages, taken, &clean, near_most);
   hak_block_t *head = NULL;
   for (unsigned i = got; i-- > 0;) {
     hak_set_next(taken[i], head);
@@ -1076,7 +1099,9 @@ static unsigned fill_size(hak_heap_t *heap, size_t c) {
   return first ? 1 : batch_of(HAK_SLAB_CLASSES + c);
 }
 
-void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
+/* The refill of the heap's empty cache of cls, with blocks at multiples
+ * of align_pages pages; pops one. */
+static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pages) {
   HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
   if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY) && (heap = hak_heap_get()) == NULL) {
     errno = ENOMEM;
@@ -1094,17 +1119,17 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
     trim_unused(heap);
   }
   cache_grow(heap, cls);
-  hak_block_t *batch = transfer_pop(c);
+  hak_block_t *batch = align_pages == 1 ? transfer_pop(c) : NULL;
   bool near_most = false;
   bool filled = false;
   if (batch != NULL) {
     batch_number(batch, batch_of(cls));
     cache_set(heap, cls, batch, false);
-  } else if (cache_fill(heap, cls, fill_size(heap, c), &near_most) == 0) {
+  } else if (cache_fill(heap, cls, fill_size(heap, c), align_pages, &near_most) == 0) {
     /* Out of memory: once, give back what waits for a purge, in a cache
      * or for the purger's unmap, and look again for the one block. */
     hak_release_all();
-    cache_fill(heap, cls, 1, &near_most);
+    cache_fill(heap, cls, 1, align_pages, &near_most);
   } else {
     filled = true;
   }
@@ -1116,6 +1141,45 @@ void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) {
   void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();
   return hak_refill_done(b, cls, size);
+}
+
+void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) { return refill(size, heap, cls, 1); }
+
+/* A block of size bytes at a multiple of align (8-256 KiB), of the class
+ * of the size rounded up to align if that is at most twice as much (such
+ * blocks tile the runs cut for them), else of the size's own: the head of
+ * the class's cache if it is at such a multiple; else, if the cache is
+ * empty, a refill of blocks at such multiples, so that a thread that asks
+ * for aligned blocks of a class gets back those it freed; else one block
+ * straight from the page heap. Such alignments went to the large blocks'
+ * arena, a 2 MiB chunk each, under its lock: aligned_alloc(8192, 1-16 KiB)
+ * ran at 0.17x tcmalloc's speed. */
+void *hak_span_alloc_aligned(size_t size, size_t align) {
+  size_t need = hak_aligned_need(size, align);
+  size_t cls = hak_size_class(need <= 2 * (size + HAK_CANARY) ? need : size + HAK_CANARY);
+  if (cls < HAK_SLAB_CLASSES) cls = HAK_SLAB_CLASSES;
+  unsigned align_pages = (unsigned)(align >> HAK_PAGE_SHIFT);
+  hak_heap_t *heap = hak_tls_heap;
+  hak_block_t *b = heap->free[cls];
+  if (b == NULL) return refill(size, heap, cls, align_pages);
+  if (((uintptr_t)b & (align - 1)) == 0) {
+    hak_heap_pop(heap, cls);
+    HAK_CSTAT_ALLOC(cls, size);
+    return b;
+  }
+  HAK_SLOW_BEGIN();
+  void *taken = NULL;
+  bool clean, near_most;
+  if (blocks_take(cls, 1, align_pages, &taken, &clean, &near_most) == 0) {
+    hak_release_all(); /* as a refill does */
+    blocks_take(cls, 1, align_pages, &taken, &clean, &near_most);
+  }
+  if (taken != NULL) {
+    held_add(heap, cls, 1);
+    hak_block_handout(taken, hak_class_size[cls]);
+  }
+  HAK_SLOW_END();
+  return hak_refill_done(taken, cls, size);
 }
 
 /* ---- realloc ---- */

@@ -1898,6 +1898,103 @@ static size_t page_class(const void *p) {
   return hak_segment_of(p)->span.page_class[hak_span_page_index(p)];
 }
 
+/* The class an aligned span block takes: that of the size rounded up to
+ * the alignment if that is at most twice the size, else the size's own. */
+static size_t aligned_span_class(size_t align, size_t size) {
+  size_t need = hak_aligned_need(size, align), want = need <= 2 * (size + HAK_CANARY) ? need : size + HAK_CANARY;
+  size_t cls = HAK_SLAB_CLASSES;
+  while (hak_class_size[cls] < want) cls++;
+  return cls;
+}
+
+/* Alignments of 8 KiB to 256 KiB, for sizes up to 256 KiB, are span
+ * blocks at that alignment, of aligned_span_class; live together, they
+ * do not overlap. */
+TEST(aligned_span_blocks_are_aligned_and_take_their_class) {
+  enum { N = 48 };
+  for (size_t align = 2 * HAK_PAGE_SIZE; align <= HAK_BIG_MAX; align *= 2) {
+    for (size_t size = 1; size + HAK_CANARY <= HAK_BIG_MAX; size = size * 3 + 1000) {
+      uint8_t *p[N];
+      size_t cls = aligned_span_class(align, size);
+      for (int i = 0; i < N; i++) {
+        REQUIRE((p[i] = aligned_alloc(align, size)) != NULL);
+        CHECK_MSG(((uintptr_t)p[i] & (align - 1)) == 0, "align %zu size %zu", align, size);
+        CHECK(hak_segment_of(p[i])->kind == HAK_KIND_SPANS);
+        CHECK_MSG(malloc_usable_size(p[i]) == hak_class_size[cls] - HAK_CANARY, "align %zu size %zu: %zu usable",
+                  align, size, malloc_usable_size(p[i]));
+        memset(p[i], i, size);
+      }
+      for (int i = 0; i < N; i++) {
+        CHECK(p[i][0] == (uint8_t)i && p[i][size - 1] == (uint8_t)i);
+        free(p[i]);
+      }
+    }
+  }
+}
+
+/* A freed aligned block comes back to the next request of its alignment
+ * and class, from the thread's cache; with blocks at other places on top
+ * of the cache, the request cuts a run of the page heap at its alignment,
+ * and the pages before the block stay free. */
+TEST(aligned_span_blocks_come_back_from_the_cache_or_are_cut_at_their_alignment) {
+  hak_opt.purge_delay_ms = 100000;
+  const size_t align = 65536, size = 20000;
+  void *p = aligned_alloc(align, size);
+  REQUIRE(p != NULL);
+  free(p);
+  CHECK(aligned_alloc(align, size) == p);
+  void *u[64];
+  int n = 0;
+  do REQUIRE(n < 64 && (u[n++] = malloc(size)) != NULL);
+  while (((uintptr_t)u[n - 1] & (align - 1)) == 0);
+  free(u[--n]); /* the top of the cache, not aligned */
+  uint8_t *q = aligned_alloc(align, size);
+  REQUIRE(q != NULL);
+  CHECK(((uintptr_t)q & (align - 1)) == 0 && (void *)q != p);
+  if (hak_span_page_index(q) > HAK_SPAN_FIRST_PAGE) { /* the last page of a free run or a block */
+    uint32_t before = page_word(q - HAK_PAGE_SIZE) & HAK_PAGE_TAG;
+    CHECK_MSG(before == HAK_PAGE_FREE || before == HAK_PAGE_TAIL, "the page before holds %u", before);
+  }
+  free(q);
+  free(p);
+  while (n > 0) free(u[--n]);
+}
+
+/* Aligned and plain span blocks of random sizes, freed and reallocated at
+ * random: runs cut at an alignment, with pages left before the blocks, and
+ * merged again, keep every block's bytes. */
+TEST(aligned_and_plain_span_blocks_at_random_keep_their_bytes) {
+  enum { SLOTS = 200, STEPS = 6000 };
+  static uint8_t *p[SLOTS];
+  static size_t sz[SLOTS];
+  uint64_t r = 88172645463325252ull;
+  for (int step = 0; step < STEPS; step++) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    int k = (int)(r % SLOTS);
+    if (p[k]) {
+      CHECK_MSG(p[k][0] == (uint8_t)k && p[k][sz[k] / 2] == (uint8_t)k && p[k][sz[k] - 1] == (uint8_t)k,
+                "step %d: slot %d of %zu bytes overwritten", step, k, sz[k]);
+      if ((r >> 40) % 4 == 0) {
+        size_t n = 1 + (r >> 20) % (HAK_BIG_MAX - HAK_CANARY);
+        REQUIRE((p[k] = realloc(p[k], n)) != NULL);
+        if (n > sz[k]) memset(p[k] + sz[k], k, n - sz[k]);
+        sz[k] = n;
+        continue;
+      }
+      free(p[k]);
+      p[k] = NULL;
+      continue;
+    }
+    sz[k] = 1 + (r >> 20) % (HAK_BIG_MAX - HAK_CANARY);
+    size_t align = (size_t)HAK_PAGE_SIZE << (1 + (r >> 10) % 7); /* 8 KiB .. 512 KiB */
+    bool aligned = (r >> 50) % 2;
+    REQUIRE((p[k] = aligned ? aligned_alloc(align, sz[k]) : malloc(sz[k])) != NULL);
+    if (aligned) CHECK(((uintptr_t)p[k] & (align - 1)) == 0);
+    memset(p[k], k, sz[k]);
+  }
+  for (int k = 0; k < SLOTS; k++) free(p[k]);
+}
+
 /* Blocks of the span classes: page-aligned, their class and length in
  * their first page's word. */
 TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
