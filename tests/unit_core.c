@@ -1901,7 +1901,8 @@ static size_t page_class(const void *p) {
 /* The class an aligned span block takes: that of the size rounded up to
  * the alignment if that is at most twice the size, else the size's own. */
 static size_t aligned_span_class(size_t align, size_t size) {
-  size_t need = hak_aligned_need(size, align), want = need <= 2 * (size + HAK_CANARY) ? need : size + HAK_CANARY;
+  size_t need = hak_aligned_need(size, align);
+  size_t want = need <= 2 * (size + HAK_CANARY) ? need : size + HAK_CANARY;
   size_t cls = HAK_SLAB_CLASSES;
   while (hak_class_size[cls] < want) cls++;
   return cls;
@@ -1920,8 +1921,8 @@ TEST(aligned_span_blocks_are_aligned_and_take_their_class) {
         REQUIRE((p[i] = aligned_alloc(align, size)) != NULL);
         CHECK_MSG(((uintptr_t)p[i] & (align - 1)) == 0, "align %zu size %zu", align, size);
         CHECK(hak_segment_of(p[i])->kind == HAK_KIND_SPANS);
-        CHECK_MSG(malloc_usable_size(p[i]) == hak_class_size[cls] - HAK_CANARY, "align %zu size %zu: %zu usable",
-                  align, size, malloc_usable_size(p[i]));
+        CHECK_MSG(malloc_usable_size(p[i]) == hak_class_size[cls] - HAK_CANARY,
+                  "align %zu size %zu: %zu usable", align, size, malloc_usable_size(p[i]));
         memset(p[i], i, size);
       }
       for (int i = 0; i < N; i++) {
