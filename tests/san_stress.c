@@ -104,7 +104,7 @@ static desc_t *make_block(uint64_t *s) {
       for (size_t i = 0; i < d->size; i++)
         if (d->p[i]) die("calloc memory not zero", d, i);
   } else {
-    d->align = (size_t)1 << (4 + rnd(s) % 9); /* 16 .. 4096 */
+    d->align = (size_t)1 << (4 + rnd(s) % 15); /* 16 B .. 256 KiB: slab, span and large blocks */
     if (how == 8) {
       d->p = hak_aligned_alloc(d->align, d->size);
     } else {
