@@ -3061,16 +3061,24 @@ TEST(a_thread_whose_use_swings_does_not_drain) {
  * caches hold more than 4 MiB trims them: a thread that has moved from one
  * size to another takes the pages the first size's cache did not use, not
  * new ones, without waiting for the next trim of its period. */
+/* The thread's cache of blocks of `size` holds the n blocks ps it took
+ * and freed, the page heap no dirty run, and no trim of the period comes
+ * in the next refills: the thread has moved on from that size. */
+static void cache_of_a_size_left(void **ps, int n, size_t size) {
+  size_t cls = hak_size_class(size);
+  hak_opt.purge_delay_ms = 100000;
+  for (int i = 0; i < n; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  REQUIRE(grow_span_cache(cls, ps, n) >= (unsigned)n); /* the page heap holds no dirty run */
+  for (int i = 0; i < n; i++) free(ps[i]);
+  REQUIRE(cache_len(cls) == (size_t)n);
+  hak_tls_heap->span_refills = 0;
+}
+
 TEST(a_fresh_refill_trims_the_caches_of_sizes_left) {
   enum { N = 48 }; /* 12 MiB of 256 KiB blocks */
   size_t size = 250000, cls = hak_size_class(size);
   static void *ps[N];
-  hak_opt.purge_delay_ms = 100000;
-  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
-  REQUIRE(grow_span_cache(cls, ps, N) >= N); /* the page heap holds no dirty run */
-  for (int i = 0; i < N; i++) free(ps[i]);
-  REQUIRE(cache_len(cls) == N);
-  hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
+  cache_of_a_size_left(ps, N, size);
   void *b[3];
   /* The first trim finds the cache ran dry before it; the second gives back
    * three quarters of what it held since, unused; the third block takes
@@ -3099,13 +3107,8 @@ TEST(a_fresh_refill_trims_the_caches_of_sizes_left_while_another_thread_holds_mo
   enum { N = 48 };
   size_t size = 250000, cls = hak_size_class(size);
   static void *ps[N], *other[64];
-  hak_opt.purge_delay_ms = 100000;
   run_thread(take_16_mib_of_spans, other);
-  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
-  REQUIRE(grow_span_cache(cls, ps, N) >= N);
-  for (int i = 0; i < N; i++) free(ps[i]);
-  REQUIRE(cache_len(cls) == N);
-  hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
+  cache_of_a_size_left(ps, N, size);
   void *b[3];
   for (int i = 0; i < 3; i++) REQUIRE((b[i] = malloc(100000)) != NULL);
   CHECK_MSG(cache_len(cls) == N / 4, "%zu blocks of 256 KiB cached", cache_len(cls));
