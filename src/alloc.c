@@ -89,12 +89,15 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
  * small steps was copied at each: 16 buffers grown by 100 B to 8,000 B
  * copied twice mimalloc's bytes, at 0.85x its speed; from 6 KiB it went
  * through 6.5 and 7 KiB). The span classes step by a quarter of a power
- * of two already. */
+ * of two already. A block grown past GROWN_LARGE_MIN becomes a large one,
+ * which grows again in place where span blocks from 320 KiB to 1 MiB would
+ * be copied from class to class. */
+#define GROWN_LARGE_MIN ((size_t)256 * 1024)
 void *hak_realloc_block(size_t size, size_t old) {
   bool small_step = size > old && size - old <= old / 4;
   size_t more = old + old / 4;
   if (more > HAK_SLAB_MAX - HAK_CANARY) more = HAK_SLAB_MAX - HAK_CANARY + 1;
-  return size > old && size > HAK_FAST_MAX - HAK_CANARY
+  return size > old && size > GROWN_LARGE_MIN - HAK_CANARY
              ? hak_large_alloc_grown(size, small_step)
              : hak_malloc_inline(small_step && more > size ? more : size);
 }

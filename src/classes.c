@@ -11,11 +11,12 @@ const uint32_t hak_class_size[HAK_CLASSES] = {
   4608, 5120, 5632, 6144, 6656, 7168, 8192, 12288,
   16384, 20480, 24576, 28672, 32768, 40960, 49152, 57344,
   65536, 81920, 98304, 114688, 131072, 163840, 196608, 229376,
-  262144,
+  262144, 327680, 393216, 458752, 524288, 655360, 786432, 917504,
+  1048576,
 };
 
-/* Class of a size <= 256 KiB, indexed by (size + 15) / 16: the malloc fast
- * path serves every span size with one lookup (16 KiB, of which a program
+/* Class of a size <= 1 MiB, indexed by (size + 15) / 16: the malloc fast
+ * path serves every span size with one lookup (64 KiB, of which a program
  * touches the lines of the sizes it uses). */
 const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1] = {
 #include "class_table.inc"

@@ -1,4 +1,4 @@
-/* Large blocks (> 256 KiB or alignment > 4 KiB). Each starts 2 KiB after
+/* Large blocks (> 1 MiB, or aligned to more). Each starts 2 KiB after
  * a header, on the header's page (a block aligned to more: its alignment
  * after it). The header is in the arena at a chunk boundary, which free
  * finds through the segment map's HAK_SEGMAP_LARGE (hak_large_header); in
@@ -556,10 +556,10 @@ static void sample_written(const hak_segment_t *seg) {
  * less than half of their pages (the line of moves, below), it holds
  * 256 / written_share times as many bytes of dirt, up to 4 times (a share
  * that has not caught up with a change of the program's blocks keeps
- * within that). A producer that handed blocks of 256 KiB-1 MiB, each
- * written at its first byte, to a consumer had the consumer's frees purge
- * a chunk each, which the producer faulted in again: 0.55x as fast
- * (xmalloc 1p1c). */
+ * within that). A producer that handed blocks of 256 KiB-1 MiB (large
+ * blocks then), each written at its first byte, to a consumer had the
+ * consumer's frees purge a chunk each, which the producer faulted in
+ * again: 0.55x as fast (xmalloc 1p1c). */
 static size_t cache_limit(void) {
   size_t limit = (size_t)hak_opt.large_cache_mb << 20, live = live_chunks << GRAIN_SHIFT;
   if (written_share < 128) limit = limit / (written_share > 64 ? written_share : 64) * 256;

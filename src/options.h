@@ -26,7 +26,7 @@
     "Free 4 MiB segments kept mapped for reuse; only the last one cached "     \
     "stays committed until the purge delay, the others are purged at once.")   \
   X(large_cache_mb, "LARGE_CACHE_MB", 256, 0, 65536,                           \
-    "Megabytes of freed large blocks' memory (> 256 KiB) kept committed for "  \
+    "Megabytes of freed large blocks' memory (> 1 MiB) kept committed for "    \
     "reuse (or the live large bytes, if more); beyond it, the longest idle "   \
     "is purged at once.")
 

@@ -8,7 +8,7 @@
  * is 64 *units* of 64 KiB; a slab is a run of 1 unit (2 for a small class
  * that filled a slab; shorter when only that many committed units are
  * free) and holds blocks of one size class up to 7 KiB. A span segment is
- * 1024 pages of 4 KiB; a block of 8 KiB to 256 KiB is a run of whole pages
+ * 1024 pages of 4 KiB; a block of 8 KiB to 1 MiB is a run of whole pages
  * of its own (a span), so the pages a freed block gives back serve a block
  * of any size. Large blocks get a segment-aligned mapping of their own with
  * the same header, so for every pointer p handed out, (p - 1) rounded down
@@ -68,12 +68,12 @@ enum {
 
 /* Size classes: 32 small classes (16..1024 B: 16-byte steps to 128, then 8
  * steps per doubling), 22 more slab classes to 7 KiB (8 per doubling too: no
- * slab size wastes more than 12.5%), and 19 span classes of whole pages (8
- * and 12 KiB, then 4 per doubling from 16 KiB to 256 KiB). */
+ * slab size wastes more than 12.5%), and 27 span classes of whole pages (8
+ * and 12 KiB, then 4 per doubling from 16 KiB to 1 MiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
 #define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
-#define HAK_FAST_MAX ((size_t)262144) /* sizes the malloc fast path serves */
-#define HAK_BIG_MAX ((size_t)262144)
+#define HAK_FAST_MAX ((size_t)1048576) /* sizes the malloc fast path serves */
+#define HAK_BIG_MAX ((size_t)1048576)
 /* Large blocks in the arena start at multiples of 2 MiB: finer placement
  * than a segment, and a whole page table for each chunk mremap moves. */
 #define HAK_LARGE_GRAIN_SHIFT 21
@@ -82,7 +82,7 @@ enum {
 #define HAK_SMALL_CLASSES 32
 #define HAK_SLAB_CLASSES 54 /* classes below live in slabs, the others in spans */
 _Static_assert(HAK_SLAB_CLASSES < 64, "a mask of slab classes fits a word");
-#define HAK_CLASSES 73
+#define HAK_CLASSES 81
 #define HAK_ATTACH_MAX 4 /* slabs of a class attached to its heap at once */
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
 /* Alignments up to this are served from slabs and spans; larger ones by

@@ -8,8 +8,9 @@
  * random slot (atomic exchange), verifies the block found there (written by
  * whichever thread allocated it) and frees it or reallocs it, then puts a
  * freshly allocated and patterned block back. Sizes are log-uniform in
- * 8 B .. max_size (default 1 MiB). Each block has a descriptor, itself a
- * 32-byte hak_malloc block, so small blocks cross threads too.
+ * 8 B .. max_size (default 2 MiB: slab, span and large blocks). Each block
+ * has a descriptor, itself a 32-byte hak_malloc block, so small blocks
+ * cross threads too.
  * A bad pattern aborts with a message; at the end every slot is drained and
  * allocations must equal frees. Prints one summary line; exit 0 on success. */
 #define _GNU_SOURCE
@@ -34,7 +35,7 @@ typedef struct {
 
 static _Atomic(desc_t *) *slots;
 static size_t nslots = 1024;
-static size_t max_size = 1 << 20;
+static size_t max_size = 2 << 20;
 static _Atomic int stop;
 static _Atomic uint64_t n_alloc, n_free, n_ops, n_realloc, n_bytes;
 static _Atomic uint64_t next_tag = 1;
@@ -104,7 +105,7 @@ static desc_t *make_block(uint64_t *s) {
       for (size_t i = 0; i < d->size; i++)
         if (d->p[i]) die("calloc memory not zero", d, i);
   } else {
-    d->align = (size_t)1 << (4 + rnd(s) % 15); /* 16 B .. 256 KiB: slab, span and large blocks */
+    d->align = (size_t)1 << (4 + rnd(s) % 17); /* 16 B .. 1 MiB: slab, span and large blocks */
     if (how == 8) {
       d->p = hak_aligned_alloc(d->align, d->size);
     } else {

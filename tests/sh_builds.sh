@@ -41,7 +41,7 @@ static size_t large_live(void) {
 }
 int main(void) {
   size_t before = large_live();
-  char *p = malloc(1 << 20);
+  char *p = malloc(2 << 20);
   if (p == NULL) return 1;
   p[0] = 1;
   size_t during = large_live();

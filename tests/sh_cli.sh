@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
   static void *p[1000];
   for (int i = 0; i < 1000; i++) p[i] = malloc(24);        /* 1000 x class 32 B */
   for (int i = 0; i < 1000; i++) free(p[i]);
-  for (int i = 0; i < 3; i++) { void *q = malloc(1 << 20); memset(q, 1, 4096); free(q); }
+  for (int i = 0; i < 3; i++) { void *q = malloc(2 << 20); memset(q, 1, 4096); free(q); }
   printf("prog done %s\n", argc > 1 ? argv[1] : "");
   return argc > 2 ? atoi(argv[2]) : 0;
 }

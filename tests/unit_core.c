@@ -12,6 +12,10 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+/* A large block of one chunk: past the span sizes, and its header and it
+ * within one chunk. */
+#define ONE_CHUNK (HAK_BIG_MAX + HAK_LARGE_GRAIN / 4)
+
 /* ---- size classes ---- */
 
 TEST(class_is_smallest_fitting) {
@@ -148,7 +152,7 @@ TEST(segment_of_rejects_foreign_pointers) {
 }
 
 TEST(large_blocks_have_their_own_segment) {
-  size_t sizes[] = {HAK_BIG_MAX + 1, 1 << 20, 5 << 20, 33 << 20};
+  size_t sizes[] = {HAK_BIG_MAX + 1, 2 << 20, 5 << 20, 33 << 20};
   for (size_t i = 0; i < 4; i++) {
     uint8_t *p = malloc(sizes[i]);
     REQUIRE(p != NULL);
@@ -321,7 +325,7 @@ TEST(freed_large_block_pages_serve_a_smaller_one) {
 }
 
 TEST(large_blocks_start_every_grain) {
-  uint8_t *a = malloc(HAK_LARGE_GRAIN / 2), *b = malloc(HAK_LARGE_GRAIN / 2);
+  uint8_t *a = malloc(ONE_CHUNK), *b = malloc(ONE_CHUNK);
   REQUIRE(a && b);
   CHECK(b == a + HAK_LARGE_GRAIN); /* a smaller block does not hold a whole segment */
   CHECK(hak_segment_of(b) == (hak_segment_t *)(b - HAK_LARGE_OFFSET));
@@ -340,14 +344,14 @@ TEST(a_freed_large_block_past_many_live_ones_is_reused) {
   enum { N = 200 };
   static uint8_t *b[N];
   for (int i = 0; i < N; i++) {
-    b[i] = malloc(HAK_LARGE_GRAIN / 2);
+    b[i] = malloc(ONE_CHUNK);
     REQUIRE(b[i] != NULL);
     b[i][0] = 1;
   }
   for (int i = 1; i < N; i++) REQUIRE(b[i] == b[i - 1] + HAK_LARGE_GRAIN);
   uint8_t *freed = b[130];
   free(freed);
-  b[130] = malloc(HAK_LARGE_GRAIN / 4); /* its committed pages win over fresh chunks */
+  b[130] = malloc(HAK_BIG_MAX + 1); /* its committed pages win over fresh chunks */
   CHECK(b[130] == freed);
   for (int i = 0; i < N; i++) free(b[i]);
 }
@@ -358,17 +362,17 @@ TEST(a_one_chunk_block_takes_the_free_chunk_that_covers_it_best) {
   keep_freed_large_blocks();
   hak_opt.purge_thread = 0; /* no block is kept (large.c): the arena places them all */
   enum { N = 5 };
-  const size_t kib = 1024, sizes[N] = {520 * kib, 560 * kib, 600 * kib, 280 * kib, 300 * kib};
+  const size_t kib = 1024, sizes[N] = {1560 * kib, 1600 * kib, 1640 * kib, 1100 * kib, 1140 * kib};
   uint8_t *b[N], *c[N + 1];
   for (int i = 0; i < N; i++) REQUIRE((b[i] = malloc(sizes[i])) != NULL);
   for (int i = 0; i < N; i++) free(b[i]);
-  CHECK((c[0] = malloc(530 * kib)) == b[1]); /* 600 covers it too, with more left over */
-  CHECK((c[1] = malloc(500 * kib)) == b[0]);
+  CHECK((c[0] = malloc(1570 * kib)) == b[1]); /* 1640 covers it too, with more left over */
+  CHECK((c[1] = malloc(1540 * kib)) == b[0]);
   /* none covers the rest: the most committed first */
-  CHECK((c[2] = malloc(900 * kib)) == b[2]);
-  CHECK((c[3] = malloc(900 * kib)) == b[4]);
-  CHECK((c[4] = malloc(900 * kib)) == b[3]);
-  c[5] = malloc(900 * kib);
+  CHECK((c[2] = malloc(1900 * kib)) == b[2]);
+  CHECK((c[3] = malloc(1900 * kib)) == b[4]);
+  CHECK((c[4] = malloc(1900 * kib)) == b[3]);
+  c[5] = malloc(1900 * kib);
   for (int i = 0; i < N; i++) CHECK(c[5] != b[i]);
   for (int i = 0; i <= N; i++) free(c[i]);
 }
@@ -380,7 +384,7 @@ TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
   hak_heap_t *heap = hak_heap_get();
   REQUIRE(heap != NULL);
   hak_large_kept_release(heap, true);
-  uint8_t *a = malloc(300000), *b = malloc(1 << 20);
+  uint8_t *a = malloc(1100000), *b = malloc(2000000);
   REQUIRE(a && b);
   free(a);
   free(b);
@@ -391,12 +395,12 @@ TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
     kept += seg == hak_large_header(a) || seg == hak_large_header(b);
   }
   CHECK(kept == 2);
-  uint8_t *c = malloc(600000), *d = malloc(290000);
+  uint8_t *c = malloc(1500000), *d = malloc(1090000);
   CHECK(c == b); /* fits in b, and asks for more than half of it */
   CHECK(d == a);
   free(c);
   free(d);
-  uint8_t *e = malloc(3 << 19); /* more than either holds */
+  uint8_t *e = malloc(3 << 20); /* more than either holds */
   REQUIRE(e != NULL);
   for (size_t k = 0; k < HAK_LARGE_KEPT; k++) CHECK(atomic_load(&heap->large_kept[k]) == NULL);
   free(e);
@@ -621,7 +625,7 @@ static bool seal_page(void *page) {
  * that realloc has to move it to grow: its chunk by chunk. */
 static uint8_t *block_that_must_move(uint8_t **after) {
   uint8_t *a = malloc(FOUR_CHUNKS);
-  *after = malloc(HAK_LARGE_GRAIN / 2);
+  *after = malloc(ONE_CHUNK);
   REQUIRE(a && *after);
   REQUIRE(*after == a + 4 * HAK_LARGE_GRAIN);
   fill(a, FOUR_CHUNKS, 6);
@@ -711,7 +715,7 @@ TEST(large_blocks_of_several_chunks_reuse_free_runs) {
   for (int step = 0; step < STEPS; step++) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
     int k = (int)(x % SLOTS);
-    size_t want = (size_t)(x >> 8) % (6 * HAK_LARGE_GRAIN - 8192 - 300000) + 300000;
+    size_t want = (size_t)(x >> 8) % (6 * HAK_LARGE_GRAIN - 8192 - HAK_BIG_MAX) + HAK_BIG_MAX + 1;
     if (slot[k] != NULL) {
       uint8_t tag = (uint8_t)k + 1;
       CHECK(slot[k][0] == tag && slot[k][size[k] - 1] == tag);
@@ -906,14 +910,14 @@ TEST(an_arena_that_a_data_limit_refused_is_tried_again) {
   lim = (struct rlimit){HAK_PAGE_SIZE, old.rlim_max}; /* exceeded already: no page more */
   REQUIRE(setrlimit(RLIMIT_DATA, &lim) == 0);
   errno = 0;
-  void *p = malloc(300 << 10);
+  void *p = malloc(ONE_CHUNK);
   int refused = errno;
   REQUIRE(setrlimit(RLIMIT_DATA, &old) == 0);
   CHECK(p == NULL && refused == ENOMEM);
-  uint8_t *q = malloc(300 << 10);
+  uint8_t *q = malloc(ONE_CHUNK);
   REQUIRE(q != NULL);
   CHECK(hak_segmap_of(q) == HAK_SEGMAP_LARGE);
-  memset(q, 1, 300 << 10);
+  memset(q, 1, ONE_CHUNK);
   free(q);
   free(p);
 }
@@ -929,10 +933,10 @@ TEST(under_an_address_space_limit_the_arena_takes_a_quarter_of_what_is_left) {
   REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
   lim = (struct rlimit){(size_t)th_proc_status("VmSize") * 1024 + 2048 * mib, old.rlim_max};
   REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
-  uint8_t *a = malloc(mib);
+  uint8_t *a = malloc(ONE_CHUNK);
   REQUIRE(a != NULL);
   CHECK(hak_segmap_of(a) == HAK_SEGMAP_LARGE);
-  memset(a, 1, mib);
+  memset(a, 1, ONE_CHUNK);
   void *room = mmap(NULL, 1024 * mib, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   CHECK(room != MAP_FAILED);
   if (room != MAP_FAILED) munmap(room, 1024 * mib);
@@ -950,7 +954,7 @@ TEST(under_an_address_space_limit_the_arena_takes_a_quarter_of_what_is_left) {
  * charge). */
 TEST(the_arena_is_inaccessible_but_for_the_chunks_of_blocks) {
   REQUIRE(hak_commit_strict == -1); /* not read yet */
-  size_t size = 300 << 10;
+  size_t size = HAK_BIG_MAX + 1;
   uint8_t *a = malloc(size);
   REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE);
   memset(a, 1, size);
@@ -1101,27 +1105,27 @@ TEST(under_strict_overcommit_blocks_make_accessible_what_they_use) {
   REQUIRE(hak_commit_strict == -1); /* not read yet */
   hak_commit_strict = 1;
   size_t kib = 1024, mib = 1024 * kib;
-  uint8_t *a = malloc(300 * kib);
+  uint8_t *a = malloc(1100 * kib);
   REQUIRE(a != NULL && hak_segmap_of(a) == HAK_SEGMAP_LARGE && hak_commit_strict == 1);
-  memset(a, 1, 300 * kib);
+  memset(a, 1, 1100 * kib);
   uint8_t *chunk = (uint8_t *)hak_large_header(a);
-  CHECK(page_accessible(chunk) && page_accessible(a + 300 * kib - 1));
+  CHECK(page_accessible(chunk) && page_accessible(a + 1100 * kib - 1));
   CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN - HAK_PAGE_SIZE));
   CHECK(!page_accessible(chunk + HAK_LARGE_GRAIN)); /* the next chunk, unused */
   /* grown in place, within its chunk and then over three */
-  uint8_t *grown = realloc(a, mib);
+  uint8_t *grown = realloc(a, 2000 * kib);
   REQUIRE(grown != NULL);
   CHECK(grown == a);
-  memset(a = grown, 2, mib);
+  memset(a = grown, 2, 2000 * kib);
   REQUIRE((grown = realloc(a, 5 * mib)) != NULL);
   CHECK(grown == a);
-  memset((a = grown) + mib, 3, 4 * mib);
-  CHECK(a[0] == 2 && a[mib - 1] == 2 && a[5 * mib - 1] == 3);
+  memset((a = grown) + 2000 * kib, 3, 5 * mib - 2000 * kib);
+  CHECK(a[0] == 2 && a[2000 * kib - 1] == 2 && a[5 * mib - 1] == 3);
   CHECK(page_accessible(a + 5 * mib - 1));
   CHECK(!page_accessible(chunk + 3 * HAK_LARGE_GRAIN)); /* a grown block's chunks are whole */
   /* a block after it holds it in place: the next growth moves its pages,
    * and the chunks they left are inaccessible again */
-  uint8_t *b = malloc(300 * kib);
+  uint8_t *b = malloc(1100 * kib);
   REQUIRE(b != NULL && b > a);
   uint8_t *c = realloc(a, 12 * mib);
   REQUIRE(c != NULL);
@@ -2467,14 +2471,13 @@ TEST(free_span_runs_are_purged_after_delay) {
 }
 
 /* Writes and frees two one-chunk blocks (their chunks in chunks[], if
- * asked); returns the arena's free committed bytes then, at least their
- * two half chunks. */
+ * asked); returns the arena's free committed bytes then, at least the
+ * two blocks' bytes. */
 static size_t free_two_written_chunks(uint8_t **chunks) {
-  size_t half = HAK_LARGE_GRAIN / 2;
-  uint8_t *a = malloc(half), *b = malloc(half);
+  uint8_t *a = malloc(ONE_CHUNK), *b = malloc(ONE_CHUNK);
   REQUIRE(a && b);
-  memset(a, 0xAB, half);
-  memset(b, 0xAB, half);
+  memset(a, 0xAB, ONE_CHUNK);
+  memset(b, 0xAB, ONE_CHUNK);
   if (chunks) {
     chunks[0] = (uint8_t *)hak_large_header(a);
     chunks[1] = (uint8_t *)hak_large_header(b);
@@ -2483,7 +2486,7 @@ static size_t free_two_written_chunks(uint8_t **chunks) {
   free(b);
   hak_large_kept_release(hak_tls_heap, true);
   size_t cached = atomic_load(&hak_gstats.large_cached);
-  REQUIRE(cached >= 2 * half);
+  REQUIRE(cached >= 2 * ONE_CHUNK);
   return cached;
 }
 
@@ -2497,7 +2500,7 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
   keep_freed_large_blocks();
   flush_span_caches();
   hak_release_all(); /* no dirty span run left: the blocks below need new segments */
-  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(NULL);
+  size_t cached = free_two_written_chunks(NULL);
   enum { N = 40, BLOCK = 262144 }; /* 10 MiB of the largest span class */
   static uint8_t *ps[N];
   int resident_at = -1;
@@ -2513,7 +2516,7 @@ TEST(a_new_span_segment_takes_the_pages_of_free_large_chunks) {
       resident_at = i;
   }
   CHECK_MSG(resident_at >= 0, "no block had its pages before it was written");
-  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached,
+  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * ONE_CHUNK <= cached,
             "the arena still holds %zu of its %zu free committed bytes",
             atomic_load(&hak_gstats.large_cached), cached);
   for (int i = 0; i < N; i++) free(ps[i]);
@@ -2530,7 +2533,7 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
   hak_release_all();
   void *first = malloc(1000); /* the heap has a segment */
   REQUIRE(first != NULL);
-  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(NULL);
+  size_t cached = free_two_written_chunks(NULL);
   enum { N = 5000 }; /* 1000 B each: more than a segment */
   static uint8_t *ps[N];
   size_t segments = atomic_load(&hak_gstats.segments);
@@ -2544,7 +2547,7 @@ TEST(a_heaps_new_slab_segment_takes_the_pages_of_free_large_chunks) {
   hak_segment_t *seg = hak_segment_of(ps[n - 1]);
   CHECK_MSG(resident == 1, "the new segment's first block was not resident before its write");
   CHECK_MSG(seg->zero_units == 0, "units counted zero: %#llx", (unsigned long long)seg->zero_units);
-  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached,
+  CHECK_MSG(atomic_load(&hak_gstats.large_cached) + 2 * ONE_CHUNK <= cached,
             "the arena still holds %zu of its %zu free committed bytes",
             atomic_load(&hak_gstats.large_cached), cached);
   for (int i = 0; i < n; i++) free(ps[i]);
@@ -2561,7 +2564,7 @@ TEST(a_new_slab_segment_over_the_arenas_pages_keeps_its_bounds) {
   void *first = malloc(1000); /* the heap has a segment */
   REQUIRE(first != NULL);
   uint8_t *chunks[2];
-  size_t half = HAK_LARGE_GRAIN / 2, cached = free_two_written_chunks(chunks);
+  size_t cached = free_two_written_chunks(chunks);
   for (int k = 0; k < 2; k++) /* where a segment's reserved_from lies: a small word */
     memcpy(chunks[k] + offsetof(hak_segment_t, reserved_from), &(uint32_t){1000}, 4);
   enum { N = 5000 }; /* 1000 B each: more than a segment */
@@ -2573,7 +2576,7 @@ TEST(a_new_slab_segment_over_the_arenas_pages_keeps_its_bounds) {
     memset(ps[n++], 1, 1000);
   }
   REQUIRE(atomic_load(&hak_gstats.segments) == segments + 1); /* a new segment */
-  REQUIRE(atomic_load(&hak_gstats.large_cached) + 2 * half <= cached); /* over the chunks */
+  REQUIRE(atomic_load(&hak_gstats.large_cached) + 2 * ONE_CHUNK <= cached); /* over the chunks */
   /* the segment over them serves the blocks (a refusal would have made
    * malloc take one more segment) */
   hak_segment_t *seg = hak_segment_of(ps[n - 1]);
@@ -3718,6 +3721,36 @@ TEST(a_parked_heap_keeps_its_span_cache_bounds) {
   REQUIRE(b.heap == a.heap);
   CHECK_MSG(b.max == a.max, "bound %u, was %u", b.max, a.max);
   CHECK(b.empty);
+}
+
+/* Rounds of blocks of 600 KiB that overflow the cache of their class and
+ * then run it dry, as grow_a_span_cache's do for 40,000 B. */
+static void *churn_a_big_span_class(void *arg) {
+  enum { N = 8, ROUNDS = 3, SIZE = 600 << 10 };
+  span_bound_t *sb = arg;
+  size_t cls = hak_size_class(SIZE);
+  void *ps[N];
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int i = 0; i < N; i++) {
+      REQUIRE((ps[i] = malloc(SIZE)) != NULL);
+      CHECK(hak_segmap_of(ps[i]) == HAK_SEGMAP_SPANS);
+    }
+    for (int i = 0; i < N; i++) free(ps[i]);
+  }
+  sb->max = hak_tls_heap->span_max[cls - HAK_SLAB_CLASSES];
+  sb->empty = hak_span_count(hak_tls_heap, cls) <= 1;
+  return NULL;
+}
+
+/* Blocks of 256 KiB to 1 MiB are span blocks, but the caches of their
+ * classes keep one block: what they free goes back to the page heap,
+ * where a block of any size takes its pages. */
+TEST(span_caches_of_blocks_over_256_KiB_keep_one_block) {
+  span_bound_t big = {0}, small = {0};
+  run_thread(churn_a_big_span_class, &big);
+  CHECK_MSG(big.max == 1 && big.empty, "bound %u", big.max);
+  run_thread(grow_a_span_cache, &small); /* a class of 40,000 B grows */
+  CHECK(small.max > 1);
 }
 
 /* Two threads allocate 100 blocks each and exit, the first before the
