@@ -850,11 +850,11 @@ static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
 }
 
 /* How many blocks the bound of the cache of cls may grow by: as many as
- * it holds, as far as the bounds allow. */
+ * it holds, as far as the bounds allow; none over CACHE_GROW_MAX. */
 static unsigned cache_more(const hak_heap_t *heap, size_t cls) {
-  size_t max = heap->span_max[cls - HAK_SLAB_CLASSES];
-  size_t bs = hak_class_size[cls], more = max * bs; /* doubles */
+  size_t bs = hak_class_size[cls];
   if (bs > CACHE_GROW_MAX) return 0;
+  size_t max = heap->span_max[cls - HAK_SLAB_CLASSES], more = max * bs; /* doubles */
   if (max * bs + more > CACHE_CLASS_BYTES) more = CACHE_CLASS_BYTES - max * bs;
   if (heap->span_grown + more > CACHE_THREAD_BYTES) more = CACHE_THREAD_BYTES - heap->span_grown;
   size_t all = atomic_load_explicit(&grown_all, memory_order_relaxed);
@@ -1300,6 +1300,8 @@ void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
  * their segment (a program that frees every other block and then asks for
  * bigger ones paid an interrupt per hole, and faulted the holes in again). */
 #define PURGE_MIN_PAGES 16
+/* The purges walk the bins from this index: below it, bin n is runs of n pages. */
+_Static_assert(PURGE_MIN_PAGES < SHORT_BINS, "the short bins hold the runs left unpurged");
 
 /* Purges dirty run r, in its bin. It merges only with zero runs, in the
  * other bins; true if its segment went back, which takes the segment's
