@@ -156,15 +156,33 @@ HAK_NOINLINE static void free_slow(hak_segment_t *seg, void *p) {
   if (slab->used == 0) hak_slab_emptied(heap, slab);
 }
 
+/* A block of a parked heap's slab, freed by heap's thread: as its owner
+ * would, under its lock, or as a remote free if a thread took the heap
+ * meanwhile. A young heap's thread may take the parked heap instead and
+ * free the block as its owner (heap.c, hak_heap_switch_to_parked): before
+ * the block's checks, which mark it freed. */
+HAK_NOINLINE static void free_parked(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *heap,
+                                     hak_slab_t *slab, void *p) {
+  if (heap != HAK_HEAP_EMPTY && hak_heap_switch_to_parked(heap, owner, slab->block_size)) {
+    hak_free_inline(p);
+    return;
+  }
+  hak_block_check_free(p, slab->block_size);
+  HAK_CSTAT_FREE(slab->cls);
+  if (!hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
+    free_remote_batched(heap, slab, (hak_block_t *)p);
+}
+
 /* A block of another thread's slab (live, or parked), freed by heap's. */
 HAK_INLINE void free_others(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *heap, void *p) {
   hak_slab_t *slab = hak_slab_of(seg, p);
   check_block_shared(slab, p);
+  if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED))) {
+    free_parked(seg, owner, heap, slab, p);
+    return;
+  }
   hak_block_check_free(p, slab->block_size);
   HAK_CSTAT_FREE(slab->cls);
-  if (HAK_UNLIKELY(__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) &&
-      hak_heap_free_parked(owner, seg, slab, (hak_block_t *)p))
-    return;
   free_remote_batched(heap, slab, (hak_block_t *)p);
 }
 

@@ -159,6 +159,7 @@ static hak_heap_t *heap_install(hak_heap_t *want) {
    * leaves its heap; retire it before the program frees with our token. */
   if (stale) hak_heap_done(stale);
   if (h == NULL) return NULL;
+  h->refills_at_install = h->refills;
   /* may allocate (glibc's second-level key array): the heap is ready */
   if (atomic_load_explicit(&hak_key_ready, memory_order_acquire))
     pthread_setspecific(hak_thread_key, h);
@@ -186,6 +187,33 @@ void hak_heap_thread_exit(hak_heap_t *heap) {
 hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get(); }
 
 bool hak_heap_adopt(hak_heap_t *parked) { return !thread_exited && heap_install(parked) != NULL; }
+
+/* A new thread whose first free came while its predecessor was still
+ * exiting took another heap (the one parked longest, whose blocks belong
+ * to another lineage of workers) and frees its predecessor's blocks into
+ * a parked heap. While it is young it takes that heap instead, once, and
+ * its own is parked: each lineage then keeps to one heap, where the
+ * blocks of two lineages had each heap carve beside the other's. larson
+ * of 1-8 KiB blocks, 4 and 2 threads with 20,000 replacements a round:
+ * 56 and 21 MiB against 61 and 24, 1.09x and 1.29x as fast (11
+ * interleaved runs). Only for blocks of at least SWITCH_MIN_BLOCK: the
+ * switch parks a heap and leaves the thread longer lists for its exit to
+ * return, block by block, and other threads then free into the heap it
+ * parked under its lock: 4,000 blocks of 16-256 B ran 0.80x as fast, in
+ * no less memory. */
+#define YOUNG_REFILLS 64
+#define SWITCH_MIN_BLOCK 1024
+static __thread bool switched;
+
+bool hak_heap_switch_to_parked(hak_heap_t *heap, hak_heap_t *parked, size_t block_size) {
+  if (block_size < SWITCH_MIN_BLOCK || switched || thread_exited ||
+      heap->refills - heap->refills_at_install >= YOUNG_REFILLS)
+    return false;
+  switched = true;
+  hak_heap_done(heap);
+  heap_install(parked);
+  return true;
+}
 
 /* Its thread is done with it: the outboxes go over, the span caches and
  * kept large blocks go back, and the lists go back to their slabs. Returns

@@ -443,6 +443,10 @@ hak_heap_t *hak_heap_get(void);
 /* A thread without a heap takes parked: false if it is no longer parked
  * or the thread's exit handler has run. */
 bool hak_heap_adopt(hak_heap_t *parked);
+/* A young heap's thread frees a block of block_size bytes into parked:
+ * true if it parked its heap for that one (heap.c); then the thread has
+ * parked, or no heap if another thread took it first. */
+bool hak_heap_switch_to_parked(hak_heap_t *heap, hak_heap_t *parked, size_t block_size);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_thread_exit(hak_heap_t *heap); /* the thread's exit handler */
 /* The heap a free may give a thread: hak_heap_get's, or NULL once the

@@ -308,6 +308,7 @@ struct hak_heap_s {
   uint32_t releases_in_row; /* slabs released since a slab was last taken */
   uint32_t refills;          /* slab refills (the owner's), for the purger... */
   uint32_t refills_at_purge; /* ...which saw this many at its last pass */
+  uint32_t refills_at_install; /* ...and this many when its thread took it */
   uintptr_t token; /* its thread's hak_thread_token: the owner of its ACTIVE slabs */
   hak_heap_t *next, *prev; /* all live heaps */
   /* Parked: its thread exited and it waits, whole, for a new thread

@@ -3515,9 +3515,10 @@ TEST(a_fresh_runs_frees_come_back_first_and_calloc_clears_them) {
 
 /* ---- threads: abandonment and adoption ---- */
 
+static size_t exit_block_size = 64; /* of alloc_and_exit's blocks */
 static void *alloc_and_exit(void *arg) {
   void **ps = arg;
-  for (int i = 0; i < 100; i++) ps[i] = malloc(64);
+  for (int i = 0; i < 100; i++) ps[i] = malloc(exit_block_size);
   return NULL;
 }
 static void *alloc_one(void *arg) {
@@ -3815,6 +3816,72 @@ TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
     if (i != 50) free(second[i]);
   }
   free(f.q);
+}
+
+/* A thread that has a heap (the one parked longest) frees a block of the
+ * heap parked after it, then allocates a block of the same size. */
+typedef struct {
+  void *victim, *q;
+  hak_heap_t *took, *heap;
+} young_free_t;
+
+static void *alloc_free_parked_alloc(void *arg) {
+  young_free_t *f = arg;
+  void *mine = malloc(exit_block_size);
+  f->took = hak_tls_heap;
+  free(f->victim);
+  f->q = malloc(exit_block_size);
+  f->heap = hak_tls_heap;
+  free(mine);
+  return NULL;
+}
+
+/* Parks two heaps of blocks of size bytes, and runs a young thread that
+ * frees one of the newer heap's blocks (alloc_free_parked_alloc); the
+ * caller frees the rest. */
+static void young_thread_frees_into_parked(size_t size, void **first, void **second,
+                                           hak_heap_t **older, hak_heap_t **newer,
+                                           young_free_t *f) {
+  exit_block_size = size;
+  park_two_heaps(first, second, older, newer);
+  f->victim = second[50];
+  run_thread(alloc_free_parked_alloc, f);
+  exit_block_size = 64;
+  CHECK(f->took == *older);
+  CHECK((*older)->parked && (*newer)->parked); /* the thread exited */
+}
+
+static void free_parked_blocks(void **first, void **second, void *q) {
+  for (int i = 0; i < 100; i++) {
+    free(first[i]);
+    if (i != 50) free(second[i]);
+  }
+  free(q);
+}
+
+/* A young thread that frees a block of 1 KiB or more of a parked heap
+ * takes that heap, its own parked: a worker that started before the last
+ * one exited keeps to the last one's heap. */
+TEST(young_thread_takes_the_parked_heap_it_frees_a_big_block_into) {
+  void *first[100], *second[100];
+  hak_heap_t *older, *newer;
+  young_free_t f = {0};
+  young_thread_frees_into_parked(2048, first, second, &older, &newer, &f);
+  CHECK(f.heap == newer);
+  CHECK_MSG(f.q == second[50], "%p, not the block just freed %p", f.q, second[50]);
+  free_parked_blocks(first, second, f.q);
+}
+
+/* Blocks under 1 KiB: the thread keeps its heap, and the block goes back
+ * to the parked one. */
+TEST(young_thread_keeps_its_heap_when_it_frees_a_small_block_into_a_parked_one) {
+  void *first[100], *second[100];
+  hak_heap_t *older, *newer;
+  young_free_t f = {0};
+  young_thread_frees_into_parked(512, first, second, &older, &newer, &f);
+  CHECK(f.heap == older);
+  CHECK(f.q != second[50] && hak_segment_of(f.q) != hak_segment_of(second[0]));
+  free_parked_blocks(first, second, f.q);
 }
 
 /* A key whose destructor runs after hakmem's in each round and re-arms
