@@ -195,7 +195,7 @@ bool hak_heap_adopt(hak_heap_t *parked) { return !thread_exited && heap_install(
  * its own is parked: each lineage then keeps to one heap, where the
  * blocks of two lineages had each heap carve beside the other's. larson
  * of 1-8 KiB blocks, 4 and 2 threads with 20,000 replacements a round:
- * 56 and 21 MiB against 61 and 24, 1.09x and 1.29x as fast (11
+ * 51.0 and 21.5 MiB against 58.3 and 24.3, 1.15x and 1.06x as fast (11
  * interleaved runs). Only for blocks of at least SWITCH_MIN_BLOCK: the
  * switch parks a heap and leaves the thread longer lists for its exit to
  * return, block by block, and other threads then free into the heap it
