@@ -444,8 +444,8 @@ hak_heap_t *hak_heap_get(void);
  * or the thread's exit handler has run. */
 bool hak_heap_adopt(hak_heap_t *parked);
 /* A young heap's thread frees a block of block_size bytes into parked:
- * true if it parked its heap for that one (heap.c); then the thread has
- * parked, or no heap if another thread took it first. */
+ * true if it parked its own heap to take that one (heap.c); the thread
+ * then has it, or no heap if another thread took it first. */
 bool hak_heap_switch_to_parked(hak_heap_t *heap, hak_heap_t *parked, size_t block_size);
 void hak_heap_done(hak_heap_t *heap);
 void hak_heap_thread_exit(hak_heap_t *heap); /* the thread's exit handler */
