@@ -38,6 +38,7 @@ tiny=(
   "progtime|true"
   "cxx_containers|map 2000 100"
   "cxx_containers|shared 2000 100"
+  "forkjoin|3 2 5"
 )
 [ -f "$LIBHAKMEM" ] || bad "LIBHAKMEM=$LIBHAKMEM exists"
 for alloc in glibc hakmem; do
