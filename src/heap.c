@@ -32,16 +32,18 @@ static HAK_FORK_HELD size_t pool_left;
 /* A parked heap whose blocks have all been freed waits, its slabs ready,
  * for the next new thread (which takes it before any other), instead of
  * retiring at once: a new thread then carves no blocks and faults in no
- * pages (larson 4t 10-1000: 1.23x as fast). Only HAK_KEEP_EMPTY_HEAPS
- * wait, so that a burst of exiting threads does not keep a burst of
- * memory. */
+ * pages (larson 4t 10-1000: 1.23x as fast; a tree of threads,
+ * bench/forkjoin depth 8, 1.7x). Past HAK_KEEP_EMPTY_HEAPS, one retires
+ * each time a thread takes a slab of memory not committed yet
+ * (hak_heaps_trim_empty), so that the pages of a burst of exiting threads
+ * are given back as the program grows elsewhere: 64 threads that held
+ * 1 MiB each, then 20 MiB allocated by the main thread, peaked at
+ * 102-110 MiB when every empty heap waited for the purge delay, 90 since. */
 static HAK_FORK_HELD _Atomic size_t empty_parked;
 
-static bool empty_place_take(void) {
-  size_t n = atomic_load_explicit(&empty_parked, memory_order_relaxed);
-  while (n < HAK_KEEP_EMPTY_HEAPS)
-    if (atomic_compare_exchange_weak(&empty_parked, &n, n + 1)) return true;
-  return false;
+static void empty_parked_add(hak_heap_t *heap) {
+  heap->parked_empty = true;
+  atomic_fetch_add(&empty_parked, 1);
 }
 
 /* Takes the heap at *pp off the parked list (under hak_heaps_lock). */
@@ -289,15 +291,12 @@ static uint32_t slabs_live(hak_heap_t *heap) {
  * heap owns nothing while parked: its slabs' owner is 0, and frees into
  * them take the heap's lock. It retires (its segments are abandoned, the
  * empty ones cached) after the purge delay (the purger's job: without the
- * purger it retires at once), or when its last block is freed and enough
- * empty heaps wait already. */
+ * purger it retires at once), or, once its last block is freed, when a
+ * thread needs memory (hak_heaps_trim_empty). */
 static void heap_park(hak_heap_t *heap) {
   heap_let_go(heap);
   heap->parked_live = slabs_live(heap);
-  if (heap->parked_live == 0 && !(heap->parked_empty = empty_place_take())) {
-    heap_abandon(heap);
-    return;
-  }
+  if (heap->parked_live == 0) empty_parked_add(heap);
   queue_owners(heap, 0);
   __atomic_store_n(&heap->parked, true, __ATOMIC_RELAXED); /* free reads it unlocked */
   pthread_mutex_unlock(&heap->lock);
@@ -321,7 +320,7 @@ void hak_heap_done(hak_heap_t *heap) {
 /* Frees b as the heap's owner would, under its lock: a slab that empties
  * goes back to its segment, but for its class's first (a new owner would
  * take a slab for the class at once), and a heap that empties waits for a
- * new thread, or retires if enough do. */
+ * new thread like one parked empty. */
 bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b) {
   pthread_mutex_lock(&heap->lock);
   bool parked = heap->parked && atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap;
@@ -342,10 +341,8 @@ bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab
   pthread_mutex_unlock(&heap->lock);
   if (emptied) {
     pthread_mutex_lock(&hak_heaps_lock);
-    hak_heap_t **pp = parked_link(heap), *h = NULL;
-    if (pp && !(heap->parked_empty = empty_place_take())) h = parked_unlink(pp);
+    if (parked_link(heap)) empty_parked_add(heap);
     pthread_mutex_unlock(&hak_heaps_lock);
-    parked_retire(h);
   }
   return parked;
 }
@@ -409,6 +406,20 @@ void hak_heaps_usage(hak_usage_t *u) {
     u->free_bytes += n * hak_class_size[c];
   }
   hak_segment_usage_abandoned(u);
+}
+
+void hak_heaps_trim_empty(void) {
+  if (atomic_load_explicit(&empty_parked, memory_order_relaxed) <= HAK_KEEP_EMPTY_HEAPS) return;
+  hak_heap_t *h = NULL;
+  pthread_mutex_lock(&hak_heaps_lock);
+  if (atomic_load_explicit(&empty_parked, memory_order_relaxed) > HAK_KEEP_EMPTY_HEAPS)
+    for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
+      if ((*pp)->parked_empty) {
+        h = parked_unlink(pp);
+        break;
+      }
+  pthread_mutex_unlock(&hak_heaps_lock);
+  if (h) heap_retire(h);
 }
 
 void hak_heaps_retire_parked(void) {

@@ -297,9 +297,10 @@ void hak_segmap_set(hak_segment_t *seg, uint8_t value); /* HAK_SEGMAP_* */
 /* A FREE slab of n units (shorter, down to 4 blocks of block_size, to
  * reuse committed memory) in heap's segments, then adopted, cached or new
  * ones, its units set; NULL when out of memory. May adopt abandoned
- * segments: the caller re-checks its queues when *adopted is set. */
+ * segments: the caller re-checks its queues when *adopted is set.
+ * *new_pages: whether the slab takes memory not committed yet. */
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
-                                   bool *adopted);
+                                   bool *adopted, bool *new_pages);
 /* Marks a slab FREE; its segment, if that empties it, goes to the cache,
  * unless `keep` (the heap's own thread frees: see segment.c). */
 void hak_segment_free_slab(hak_heap_t *heap, hak_slab_t *slab, bool keep);
@@ -455,8 +456,11 @@ hak_heap_t *hak_heap_for_free(void);
 void hak_heap_collect(hak_heap_t *heap, bool force);
 void hak_heaps_abandon_others(hak_heap_t *keep); /* fork child */
 void hak_heaps_retire_parked(void); /* the heaps of exited threads, now */
-/* Parked heaps with no block in use that may wait for a new thread. */
+/* Parked heaps with no block in use that wait for a new thread even while
+ * threads take memory not committed yet. */
 #define HAK_KEEP_EMPTY_HEAPS 4
+/* Past those, retires the empty heap parked longest; with no lock held. */
+void hak_heaps_trim_empty(void);
 /* Frees b, a checked block of slab, whose heap is parked; false if the
  * heap is not parked any more. */
 bool hak_heap_free_parked(hak_heap_t *heap, hak_segment_t *seg, hak_slab_t *slab, hak_block_t *b);

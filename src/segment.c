@@ -576,11 +576,12 @@ static bool heap_find_units(hak_heap_t *heap, unsigned n, hak_segment_t **where,
 static bool all_committed(int score, unsigned n) { return score > (int)(n - 1) * 256; }
 
 hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_size,
-                                   bool *adopted) {
+                                   bool *adopted, bool *new_pages) {
   unsigned at = 0;
   int score = 0;
   hak_segment_t *where;
   *adopted = false;
+  *new_pages = true;
   bool found = heap_find_units(heap, n, &where, &at, &score);
   /* A slab that would need memory not committed yet is shortened, down to
    * 4 blocks, to a run of units all committed: free units scattered
@@ -600,7 +601,10 @@ hak_slab_t *hak_segment_alloc_slab(hak_heap_t *heap, unsigned n, size_t block_si
       found = true;
     }
   }
-  if (found) return units_take(heap, where, at, n);
+  if (found) {
+    *new_pages = !all_committed(score, n);
+    return units_take(heap, where, at, n);
+  }
   hak_segment_t *seg = pop_abandoned();
   if (seg) {
     *adopted = true;

@@ -629,13 +629,15 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
       heap_revive_full(heap);
       if (q->first) continue;
     }
-    bool adopted;
+    bool adopted, new_pages;
     pthread_mutex_lock(&heap->lock);
     classes_reclaim_idle(heap, cls);
-    slab = hak_segment_alloc_slab(heap, slab_units(heap, cls), hak_class_size[cls], &adopted);
+    slab = hak_segment_alloc_slab(heap, slab_units(heap, cls), hak_class_size[cls], &adopted,
+                                  &new_pages);
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
     pthread_mutex_unlock(&heap->lock);
+    if (new_pages) hak_heaps_trim_empty(); /* its pages for those this slab takes */
     if (slab == NULL) {
       if (adopted) continue;
       /* Out of memory: once, give back what waits for a purge, in a cache

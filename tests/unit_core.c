@@ -1743,12 +1743,13 @@ TEST(slab_shortens_to_committed_units) {
   hak_opt.purge_delay_ms = 100000;
   hak_slab_t *first = release_full_slab();
   hak_heap_t *heap = hak_tls_heap;
-  bool adopted;
+  bool adopted, new_pages;
   pthread_mutex_lock(&heap->lock);
-  hak_slab_t *s = hak_segment_alloc_slab(heap, 4, 960, &adopted);
+  hak_slab_t *s = hak_segment_alloc_slab(heap, 4, 960, &adopted, &new_pages);
   pthread_mutex_unlock(&heap->lock);
   REQUIRE(s != NULL);
   CHECK(s == first);
+  CHECK(!new_pages);
   CHECK(s->units == 1);
 }
 
@@ -3957,7 +3958,7 @@ TEST(emptied_parked_heap_waits_for_the_next_thread) {
 
 /* Threads alive at once (so each has a heap of its own) that free their
  * blocks and exit one after the other. */
-enum { EMPTY_EXITERS = HAK_KEEP_EMPTY_HEAPS + 1 };
+enum { EMPTY_RETIRED = 2, EMPTY_EXITERS = HAK_KEEP_EMPTY_HEAPS + EMPTY_RETIRED };
 static pthread_barrier_t exiters_ready;
 static sem_t exiter_turn[EMPTY_EXITERS];
 static void *alloc_free_and_exit_in_turn(void *arg) {
@@ -3970,7 +3971,9 @@ static void *alloc_free_and_exit_in_turn(void *arg) {
   return NULL;
 }
 
-TEST(only_a_few_empty_heaps_wait) {
+/* Every empty heap waits, until threads take memory not committed yet:
+ * then those parked longest retire, one a slab, but for a few. */
+TEST(empty_heaps_wait_until_a_thread_takes_new_pages) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   void *arg[EMPTY_EXITERS][2];
@@ -3985,13 +3988,22 @@ TEST(only_a_few_empty_heaps_wait) {
     sem_post(&exiter_turn[i]);
     pthread_join(t[i], NULL);
   }
+  hak_heap_t *h[EMPTY_EXITERS];
   for (int i = 0; i < EMPTY_EXITERS; i++) {
-    hak_heap_t *h = atomic_load(&hak_segment_of(arg[i][1])->heap);
-    if (i < HAK_KEEP_EMPTY_HEAPS)
-      CHECK_MSG(h != NULL && h->parked_empty, "heap %d retired", i);
-    else
-      CHECK_MSG(h == NULL, "heap %d waits too", i); /* retired: its segment abandoned */
+    h[i] = atomic_load(&hak_segment_of(arg[i][1])->heap);
+    CHECK_MSG(h[i] != NULL && h[i]->parked && h[i]->parked_empty, "heap %d retired", i);
+    REQUIRE(h[i] != NULL);
   }
+  enum { BIG = 2000 };
+  static void *big[BIG]; /* 14 MiB of 7,000-byte blocks: slabs on new pages */
+  for (int i = 0; i < BIG; i++) REQUIRE((big[i] = malloc(7000)) != NULL);
+  for (int i = 0; i < EMPTY_EXITERS; i++) {
+    if (i < EMPTY_RETIRED) /* retired: the struct back in the pool */
+      CHECK_MSG(!h[i]->parked, "heap %d waits too", i);
+    else
+      CHECK_MSG(h[i]->parked && h[i]->parked_empty, "heap %d retired", i);
+  }
+  for (int i = 0; i < BIG; i++) free(big[i]);
 }
 
 /* Fills a slab of 1000-byte blocks and keeps one 64-byte block; exits
