@@ -459,7 +459,8 @@ void hak_heaps_retire_parked(void); /* the heaps of exited threads, now */
 /* Parked heaps with no block in use that wait for a new thread even while
  * threads take memory not committed yet. */
 #define HAK_KEEP_EMPTY_HEAPS 4
-/* Past those, retires the empty heap parked longest; with no lock held. */
+/* Past those, retires the empty heap parked longest: called, holding no
+ * lock, where a thread may take memory not committed yet. */
 void hak_heaps_trim_empty(void);
 /* Frees b, a checked block of slab, whose heap is parked; false if the
  * heap is not parked any more. */

@@ -1009,6 +1009,7 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
   }
   HAK_SLOW_BEGIN();
   hak_process_init();
+  hak_heaps_trim_empty(); /* their pages for those this block may take */
   /* align is a power of two: past HAK_LARGE_OFFSET it is at least twice
    * that, so a guard page still fits below the block */
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET

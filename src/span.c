@@ -1133,6 +1133,7 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
     errno = ENOMEM;
     return NULL;
   }
+  hak_heaps_trim_empty(); /* their pages for those the refill may take */
   HAK_SLOW_BEGIN();
   HAK_STAT_ADD(refills, 1);
   heap->span_given_in_row = 0;

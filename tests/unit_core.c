@@ -3971,9 +3971,9 @@ static void *alloc_free_and_exit_in_turn(void *arg) {
   return NULL;
 }
 
-/* Every empty heap waits, until threads take memory not committed yet:
- * then those parked longest retire, one a slab, but for a few. */
-TEST(empty_heaps_wait_until_a_thread_takes_new_pages) {
+/* Parks the heaps of EMPTY_EXITERS threads, each of which held a block,
+ * empty, into h (the one parked longest first). */
+static void park_empty_heaps(hak_heap_t *h[EMPTY_EXITERS]) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   void *arg[EMPTY_EXITERS][2];
@@ -3988,22 +3988,43 @@ TEST(empty_heaps_wait_until_a_thread_takes_new_pages) {
     sem_post(&exiter_turn[i]);
     pthread_join(t[i], NULL);
   }
-  hak_heap_t *h[EMPTY_EXITERS];
   for (int i = 0; i < EMPTY_EXITERS; i++) {
     h[i] = atomic_load(&hak_segment_of(arg[i][1])->heap);
     CHECK_MSG(h[i] != NULL && h[i]->parked && h[i]->parked_empty, "heap %d retired", i);
     REQUIRE(h[i] != NULL);
   }
-  enum { BIG = 2000 };
-  static void *big[BIG]; /* 14 MiB of 7,000-byte blocks: slabs on new pages */
-  for (int i = 0; i < BIG; i++) REQUIRE((big[i] = malloc(7000)) != NULL);
+}
+
+/* After park_empty_heaps: the first EMPTY_RETIRED retired, the others wait. */
+static void check_oldest_empty_heaps_retired(hak_heap_t *h[EMPTY_EXITERS]) {
   for (int i = 0; i < EMPTY_EXITERS; i++) {
     if (i < EMPTY_RETIRED) /* retired: the struct back in the pool */
       CHECK_MSG(!h[i]->parked, "heap %d waits too", i);
     else
       CHECK_MSG(h[i]->parked && h[i]->parked_empty, "heap %d retired", i);
   }
+}
+
+/* Every empty heap waits, until threads take memory not committed yet:
+ * then those parked longest retire, one a slab, but for a few. */
+TEST(empty_heaps_wait_until_a_thread_takes_new_pages) {
+  hak_heap_t *h[EMPTY_EXITERS];
+  park_empty_heaps(h);
+  enum { BIG = 2000 };
+  static void *big[BIG]; /* 14 MiB of 7,000-byte blocks: slabs on new pages */
+  for (int i = 0; i < BIG; i++) REQUIRE((big[i] = malloc(7000)) != NULL);
+  check_oldest_empty_heaps_retired(h);
   for (int i = 0; i < BIG; i++) free(big[i]);
+}
+
+/* The same for a thread that allocates large blocks, one retired a block. */
+TEST(empty_heaps_retire_as_a_thread_takes_large_blocks) {
+  hak_heap_t *h[EMPTY_EXITERS];
+  park_empty_heaps(h);
+  void *big[EMPTY_RETIRED];
+  for (int i = 0; i < EMPTY_RETIRED; i++) REQUIRE((big[i] = malloc(2 << 20)) != NULL);
+  check_oldest_empty_heaps_retired(h);
+  for (int i = 0; i < EMPTY_RETIRED; i++) free(big[i]);
 }
 
 /* Fills a slab of 1000-byte blocks and keeps one 64-byte block; exits
