@@ -68,6 +68,13 @@ static hak_heap_t **parked_link(const hak_heap_t *h) {
   return NULL;
 }
 
+/* The link to the empty heap parked longest; NULL if none waits. */
+static hak_heap_t **parked_empty_link(void) {
+  for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
+    if ((*pp)->parked_empty) return pp;
+  return NULL;
+}
+
 /* The heap's ACTIVE slabs take token as their owner (0 while parked). */
 static void queue_owners(hak_heap_t *h, uintptr_t token) {
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++)
@@ -98,12 +105,8 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t *want, hak_heap
       return NULL;
     }
   } else {
-    for (hak_heap_t **e = pp; *e; e = &(*e)->parked_next) {
-      if ((*e)->parked_empty) {
-        pp = e;
-        break;
-      }
-    }
+    hak_heap_t **empty = parked_empty_link();
+    if (empty) pp = empty;
   }
   for (hak_heap_t *l = heaps_live; l; l = l->next)
     if (l->token == token) *stale = l;
@@ -411,14 +414,11 @@ void hak_heaps_usage(hak_usage_t *u) {
 
 void hak_heaps_trim_empty(void) {
   if (atomic_load_explicit(&empty_parked, memory_order_relaxed) <= HAK_KEEP_EMPTY_HEAPS) return;
-  hak_heap_t *h = NULL;
+  hak_heap_t *h = NULL, **pp;
   pthread_mutex_lock(&hak_heaps_lock);
-  if (atomic_load_explicit(&empty_parked, memory_order_relaxed) > HAK_KEEP_EMPTY_HEAPS)
-    for (hak_heap_t **pp = &heaps_parked; *pp; pp = &(*pp)->parked_next)
-      if ((*pp)->parked_empty) {
-        h = parked_unlink(pp);
-        break;
-      }
+  if (atomic_load_explicit(&empty_parked, memory_order_relaxed) > HAK_KEEP_EMPTY_HEAPS &&
+      (pp = parked_empty_link()) != NULL)
+    h = parked_unlink(pp);
   pthread_mutex_unlock(&hak_heaps_lock);
   if (h) heap_retire(h);
 }
