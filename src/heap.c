@@ -232,20 +232,16 @@ static void heap_let_go(hak_heap_t *heap) {
   for (size_t c = 0; c < HAK_SLAB_CLASSES; c++) hak_heap_return_list(heap, c);
 }
 
-/* After heap_let_go: its segments go to the abandoned list, its struct to
- * the pool. */
-static void heap_abandon(hak_heap_t *heap) {
+/* Its thread is done with it for good: its segments go to the abandoned
+ * list, its struct to the pool. */
+static void heap_retire(hak_heap_t *heap) {
+  heap_let_go(heap);
   __atomic_store_n(&heap->parked, false, __ATOMIC_RELAXED);
   hak_span_heap_retire(heap);
   hak_segment_abandon_all(heap);
   pthread_mutex_unlock(&heap->lock);
   if (hak_tls_heap == heap) hak_tls_heap = HAK_HEAP_EMPTY;
   heap_struct_free(heap);
-}
-
-static void heap_retire(hak_heap_t *heap) {
-  heap_let_go(heap);
-  heap_abandon(heap);
 }
 
 /* Takes the parked heaps off their list: all of them, or those parked for
