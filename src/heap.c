@@ -408,6 +408,12 @@ void hak_heaps_usage(hak_usage_t *u) {
   hak_segment_usage_abandoned(u);
 }
 
+void hak_heaps_large_kept(size_t *blocks, size_t *map_bytes) {
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next) hak_large_kept_count(h, blocks, map_bytes);
+  pthread_mutex_unlock(&hak_heaps_lock);
+}
+
 void hak_heaps_trim_empty(void) {
   if (atomic_load_explicit(&empty_parked, memory_order_relaxed) <= HAK_KEEP_EMPTY_HEAPS) return;
   hak_heap_t *h = NULL, **pp;

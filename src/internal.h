@@ -484,6 +484,8 @@ typedef struct {
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u);
 void hak_segment_usage_abandoned(hak_usage_t *u);
 void hak_heaps_usage(hak_usage_t *u); /* every heap and abandoned segment */
+/* The large blocks all heaps keep (hak_large_kept_count). */
+void hak_heaps_large_kept(size_t *blocks, size_t *map_bytes);
 void hak_span_usage(hak_usage_t *u);  /* span segments */
 /* Everything free goes back to the OS now: all heaps, all caches. */
 bool hak_release_all(void);
@@ -501,6 +503,11 @@ bool hak_large_cache_collect(bool force); /* true while some remain */
  * if none was kept since the last call without force. True while some
  * remain. */
 bool hak_large_kept_release(hak_heap_t *heap, bool force);
+/* Adds the blocks the heap keeps, and their mappings' bytes. */
+void hak_large_kept_count(hak_heap_t *heap, size_t *blocks, size_t *map_bytes);
+/* For reports: large blocks in use, their bytes, and the bytes of freed
+ * ones held (the arena's free chunks and the blocks heaps keep). */
+void hak_large_usage(size_t *live, size_t *bytes, size_t *cached);
 /* Moves into each 2 MiB half of segment seg, whose pages they replace, the
  * committed pages of a free chunk of the arena (the most committed one,
  * with at least 64 KiB), while some have them; bit i set: half i got

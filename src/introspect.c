@@ -7,19 +7,16 @@
 
 #define EXPORT HAK_EXPORT
 
-static size_t large_bytes(void) { return atomic_load(&hak_gstats.large_bytes); }
-
 EXPORT struct mallinfo2 mallinfo2(void) {
   hak_usage_t u;
   hak_heaps_usage(&u);
   struct mallinfo2 mi;
   memset(&mi, 0, sizeof mi);
-  size_t mapped = atomic_load(&hak_gstats.mapped);
-  mi.hblks = atomic_load(&hak_gstats.large_live);
-  mi.hblkhd = large_bytes();
+  size_t mapped = atomic_load(&hak_gstats.mapped), large_cached;
+  hak_large_usage(&mi.hblks, &mi.hblkhd, &large_cached);
   mi.arena = mapped > mi.hblkhd ? mapped - mi.hblkhd : 0; /* non-large mapped bytes */
   mi.uordblks = u.used_bytes;
-  mi.fordblks = u.free_bytes + u.cached_bytes + atomic_load(&hak_gstats.large_cached);
+  mi.fordblks = u.free_bytes + u.cached_bytes + large_cached;
   for (size_t c = 0; c < HAK_CLASSES; c++) mi.ordblks += u.blocks_free[c];
   mi.keepcost = u.cached_bytes;
   return mi;
@@ -59,9 +56,9 @@ EXPORT void malloc_stats(void) {
 
 /* The mmap, system and aspace lines, which glibc gives per heap and in all. */
 static void info_system(FILE *fp) {
-  size_t mapped = atomic_load(&hak_gstats.mapped);
-  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n",
-          atomic_load(&hak_gstats.large_live), large_bytes());
+  size_t mapped = atomic_load(&hak_gstats.mapped), live, bytes, cached;
+  hak_large_usage(&live, &bytes, &cached);
+  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", live, bytes);
   fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", mapped);
   fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", atomic_load(&hak_gstats.mapped_peak));
   fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", mapped);
@@ -87,8 +84,9 @@ EXPORT int malloc_info(int options, FILE *fp) {
   }
   fprintf(fp, "</sizes>\n<total type=\"slab\" count=\"%zu\" size=\"%zu\"/>\n", free_blocks,
           free_bytes);
-  fprintf(fp, "<total type=\"cached\" size=\"%zu\"/>\n",
-          u.cached_bytes + atomic_load(&hak_gstats.large_cached));
+  size_t large_live, large_bytes, large_cached;
+  hak_large_usage(&large_live, &large_bytes, &large_cached);
+  fprintf(fp, "<total type=\"cached\" size=\"%zu\"/>\n", u.cached_bytes + large_cached);
   info_system(fp);
   fprintf(fp, "</heap>\n<total type=\"fast\" count=\"0\" size=\"0\"/>\n");
   fprintf(fp, "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n", free_blocks, free_bytes);

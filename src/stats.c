@@ -71,8 +71,9 @@ void hak_stats_get(hak_stats_t *s) {
   s->os_mapped_total = LOAD(os_mapped_total);
   s->os_returned = LOAD(os_returned);
   s->segments = LOAD(segments);
-  s->large_live = LOAD(large_live);
-  s->large_cached = LOAD(large_cached);
+  size_t large_bytes; /* not in the report */
+  hak_large_usage(&s->large_live, &large_bytes, &s->large_cached);
+  (void)large_bytes;
   s->refills = LOAD(refills);
   s->slabs_allocated = LOAD(slabs_allocated);
   s->purges = LOAD(purges);

@@ -406,6 +406,54 @@ TEST(a_freed_large_block_is_kept_for_the_next_of_about_its_size) {
   free(e);
 }
 
+/* A thread whose only blocks are large gets a heap at its first one, and
+ * keeps them as any other thread does. */
+static void *large_blocks_only(void *arg) {
+  bool *kept = arg;
+  if (hak_tls_heap != HAK_HEAP_EMPTY) return NULL;
+  uint8_t *a = malloc(1500000);
+  if (a == NULL) return NULL;
+  free(a);
+  hak_heap_t *heap = hak_tls_heap;
+  for (size_t k = 0; heap != HAK_HEAP_EMPTY && k < HAK_LARGE_KEPT; k++)
+    *kept |= atomic_load(&heap->large_kept[k]) == hak_large_header(a);
+  return NULL;
+}
+
+TEST(a_thread_of_large_blocks_only_keeps_them) {
+  keep_freed_large_blocks();
+  bool kept = false;
+  run_thread(large_blocks_only, &kept);
+  CHECK(kept);
+}
+
+/* A kept block counts in the reports as freed and held, not as in use. */
+TEST(reports_count_kept_large_blocks_as_free) {
+  keep_freed_large_blocks();
+  hak_heap_t *heap = hak_heap_get();
+  REQUIRE(heap != NULL);
+  hak_large_kept_release(heap, true);
+  hak_stats_t before, during, after;
+  struct mallinfo2 mb = mallinfo2();
+  hak_stats_get(&before);
+  uint8_t *a = malloc(1500000);
+  REQUIRE(a != NULL);
+  hak_stats_get(&during);
+  struct mallinfo2 md = mallinfo2();
+  free(a);
+  hak_stats_get(&after);
+  struct mallinfo2 ma = mallinfo2();
+  bool kept = false;
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++) kept |= atomic_load(&heap->large_kept[k]) == hak_large_header(a);
+  REQUIRE(kept);
+  CHECK(during.large_live == before.large_live + 1);
+  CHECK(after.large_live == before.large_live);
+  CHECK(after.large_cached >= before.large_cached + 1500000);
+  CHECK(md.hblks == mb.hblks + 1 && md.hblkhd >= mb.hblkhd + 1500000);
+  CHECK(ma.hblks == mb.hblks && ma.hblkhd == mb.hblkhd);
+  CHECK(ma.fordblks >= mb.fordblks + 1500000);
+}
+
 /* calloc takes a kept block as malloc does, and clears it. */
 TEST(calloc_takes_a_kept_large_block_and_clears_it) {
   hak_opt.purge_delay_ms = 100000;
