@@ -414,6 +414,14 @@ void hak_heaps_large_kept(size_t *blocks, size_t *map_bytes) {
   pthread_mutex_unlock(&hak_heaps_lock);
 }
 
+size_t hak_heaps_kept_sweep(void) {
+  size_t n = 0;
+  pthread_mutex_lock(&hak_heaps_lock);
+  for (hak_heap_t *h = heaps_live; h; h = h->next, n++) hak_large_kept_release(h, false);
+  pthread_mutex_unlock(&hak_heaps_lock);
+  return n;
+}
+
 void hak_heaps_trim_empty(void) {
   if (atomic_load_explicit(&empty_parked, memory_order_relaxed) <= HAK_KEEP_EMPTY_HEAPS) return;
   hak_heap_t *h = NULL, **pp;

@@ -486,6 +486,9 @@ void hak_segment_usage_abandoned(hak_usage_t *u);
 void hak_heaps_usage(hak_usage_t *u); /* every heap and abandoned segment */
 /* The large blocks all heaps keep (hak_large_kept_count). */
 void hak_heaps_large_kept(size_t *blocks, size_t *map_bytes);
+/* Gives back the large blocks of heaps that kept none since the last
+ * call (or the purger's pass); returns how many heaps it looked at. */
+size_t hak_heaps_kept_sweep(void);
 void hak_span_usage(hak_usage_t *u);  /* span segments */
 /* Everything free goes back to the OS now: all heaps, all caches. */
 bool hak_release_all(void);

@@ -427,6 +427,62 @@ TEST(a_thread_of_large_blocks_only_keeps_them) {
   CHECK(kept);
 }
 
+/* A thread that keeps a block and then waits loses it to the sweeps of
+ * another thread's large mallocs that its blocks do not fit: one sweep
+ * marks it idle, the next (a millisecond on) gives its block back. */
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int step;
+  hak_heap_t *heap;
+  uint8_t *block;
+} waiter_t;
+
+static void *keep_one_and_wait(void *arg) {
+  waiter_t *w = arg;
+  w->block = malloc(1500000);
+  free(w->block);
+  pthread_mutex_lock(&w->lock);
+  w->heap = hak_tls_heap;
+  w->step = 1;
+  pthread_cond_broadcast(&w->cond);
+  while (w->step != 2) pthread_cond_wait(&w->cond, &w->lock);
+  pthread_mutex_unlock(&w->lock);
+  return NULL;
+}
+
+static bool heap_keeps(hak_heap_t *heap, const void *block) {
+  bool kept = false;
+  for (size_t k = 0; k < HAK_LARGE_KEPT; k++)
+    kept |= atomic_load(&heap->large_kept[k]) == hak_large_header(block);
+  return kept;
+}
+
+TEST(a_waiting_thread_gives_its_kept_blocks_to_the_sweeps_of_others) {
+  keep_freed_large_blocks();
+  waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL, NULL};
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, keep_one_and_wait, &w) == 0);
+  pthread_mutex_lock(&w.lock);
+  while (w.step != 1) pthread_cond_wait(&w.cond, &w.lock);
+  pthread_mutex_unlock(&w.lock);
+  bool kept_at_first = heap_keeps(w.heap, w.block), kept_after = true;
+  for (int i = 0; i < 2; i++) { /* blocks of 3 MiB are never kept: each misses */
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+    void *big = malloc(3 << 20);
+    free(big);
+  }
+  kept_after = heap_keeps(w.heap, w.block);
+  pthread_mutex_lock(&w.lock);
+  w.step = 2;
+  pthread_cond_broadcast(&w.cond);
+  pthread_mutex_unlock(&w.lock);
+  pthread_join(t, NULL);
+  CHECK(kept_at_first);
+  CHECK(!kept_after);
+}
+
 /* A kept block counts in the reports as freed and held, not as in use. */
 TEST(reports_count_kept_large_blocks_as_free) {
   keep_freed_large_blocks();
