@@ -1,11 +1,13 @@
 /* forkjoin — a tree of threads, each a task that its parent created.
  *
- * usage: forkjoin [depth [trees [rounds [seed]]]]
+ * usage: forkjoin [depth [trees [rounds [seed [large]]]]]
  *   depth   levels below the root task: 2^(depth+1) - 1 tasks a tree (default 8)
  *   trees   trees run one after the other (default 20)
  *   rounds  rounds of work a task: 64 blocks of 32-931 B allocated,
  *           written and freed (default 200)
  *   seed    seed (default 4141)
+ *   large   1: a round's first block is one of 1,200,000-2,199,999 B, written
+ *           whole, as a task's buffer (default 0)
  *
  * A task frees the block its parent handed it, does its rounds, then (above
  * the leaves) allocates a block for each of two children, creates them as
@@ -19,13 +21,14 @@
 #include <pthread.h>
 
 static const char usage[] =
-    "usage: forkjoin [depth [trees [rounds [seed]]]]\n"
-    "  defaults: depth 8 (511 tasks a tree), 20 trees, 200 rounds, seed 4141.\n"
+    "usage: forkjoin [depth [trees [rounds [seed [large]]]]]\n"
+    "  defaults: depth 8 (511 tasks a tree), 20 trees, 200 rounds, seed 4141, large 0.\n"
     "  Each task is a thread: frees its parent's block, allocates and frees 64 blocks of\n"
-    "  32-931 B a round, then creates two children (each handed a block) and joins them.\n";
+    "  32-931 B a round, then creates two children (each handed a block) and joins them.\n"
+    "  large 1: a round's first block is of 1.2-2.2 MB, written whole.\n";
 
 typedef struct {
-  long depth, rounds;
+  long depth, rounds, large;
   uint32_t seed;
   char *handed;
 } task_t;
@@ -40,8 +43,10 @@ BENCH_NOINLINE static void *bench_task(void *arg) {
   char *b[64];
   for (long r = 0; r < t->rounds; r++) {
     for (int i = 0; i < 64; i++) {
-      size_t sz = 32 + xorshift32(&s) % 900;
+      int big = i == 0 && t->large;
+      size_t sz = big ? 1200000 + xorshift32(&s) % 1000000 : 32 + xorshift32(&s) % 900;
       if (!(b[i] = malloc(sz))) bench_die("malloc failed");
+      if (big) memset(b[i], 1, sz);
       b[i][0] = (char)i;
       b[i][sz - 1] = 1;
     }
@@ -54,7 +59,8 @@ BENCH_NOINLINE static void *bench_task(void *arg) {
     pthread_t child[2];
     task_t ct[2];
     for (int k = 0; k < 2; k++) {
-      ct[k] = (task_t){.depth = t->depth - 1, .rounds = t->rounds, .seed = xorshift32(&s)};
+      ct[k] = (task_t){
+          .depth = t->depth - 1, .rounds = t->rounds, .large = t->large, .seed = xorshift32(&s)};
       if (!(ct[k].handed = malloc(200))) bench_die("malloc failed");
       memset(ct[k].handed, 1, 200);
       if (pthread_create(&child[k], NULL, bench_task, &ct[k])) bench_die("pthread_create failed");
@@ -70,14 +76,19 @@ int main(int argc, char **argv) {
   long depth = bench_arg(argc, argv, 1, 8), trees = bench_arg(argc, argv, 2, 20);
   long rounds = bench_arg(argc, argv, 3, 200);
   uint64_t seed = (uint64_t)bench_arg(argc, argv, 4, 4141);
-  if (depth < 0 || depth > 14 || trees < 1 || rounds < 0) {
+  long large = bench_arg(argc, argv, 5, 0);
+  if (depth < 0 || depth > 14 || trees < 1 || rounds < 0 || large < 0 || large > 1) {
     fputs(usage, stderr);
     return 2;
   }
   uint32_t s = bench_seed(seed);
   double t0 = bench_now();
   for (long i = 0; i < trees; i++) {
-    task_t root = {.depth = depth, .rounds = rounds, .seed = xorshift32(&s), .handed = malloc(200)};
+    task_t root = {.depth = depth,
+                   .rounds = rounds,
+                   .large = large,
+                   .seed = xorshift32(&s),
+                   .handed = malloc(200)};
     if (!root.handed) bench_die("malloc failed");
     pthread_t tid;
     if (pthread_create(&tid, NULL, bench_task, &root)) bench_die("pthread_create failed");
@@ -86,7 +97,7 @@ int main(int argc, char **argv) {
   double t = bench_now() - t0;
   long tasks = trees * ((2L << depth) - 1);
   long ops = tasks * (rounds * 128 + 2);
-  printf("forkjoin depth=%ld trees=%ld rounds=%ld seed=%llu build=%s tasks=%ld tasks/s=%.0f ops=%ld ops/s=%.0f time_s=%.3f\n",
-         depth, trees, rounds, (unsigned long long)seed, BENCH_ALLOC_KIND, tasks, tasks / t, ops, ops / t, t);
+  printf("forkjoin depth=%ld trees=%ld rounds=%ld seed=%llu large=%ld build=%s tasks=%ld tasks/s=%.0f ops=%ld ops/s=%.0f time_s=%.3f\n",
+         depth, trees, rounds, (unsigned long long)seed, large, BENCH_ALLOC_KIND, tasks, tasks / t, ops, ops / t, t);
   return 0;
 }
