@@ -476,9 +476,9 @@ static void chunks_empty(size_t i, size_t j, bool count) {
     size_t k = i;
     while (k + 1 < j && tab.accessible[k] == GRAIN) k++;
     size_t bytes = ((k - i) << GRAIN_SHIFT) + tab.accessible[k], len = (k + 1 - i) << GRAIN_SHIFT;
-    if (count) {
+    if (count) { /* returned once, and no longer mapped (as hak_os_decommit counts) */
       hak_os_purge_within(chunk_addr(i), len, bytes);
-      hak_stats_mapped(len, false);
+      HAK_STAT_SUB(mapped, len);
     } else {
       hak_os_empty(chunk_addr(i), bytes);
     }

@@ -916,6 +916,32 @@ TEST(free_large_chunks_of_blocks_that_wrote_a_page_count_for_less_than_they_span
   CHECK(resident_pages(b[N - 1], 4096) == 1); /* the one freed last stays */
 }
 
+/* A purge of free chunks counts their bytes returned once: committed went
+ * below zero, by the chunks' size at each purge, and os_returned grew twice
+ * as much as the purge returned. */
+TEST(a_purge_of_large_chunks_counts_them_returned_once) {
+  hak_opt.purge_delay_ms = 100000;
+  size_t sz = (size_t)16 << 20;
+  hak_stats_t before, after;
+  hak_collect(true);
+  hak_stats_get(&before);
+  for (int round = 0; round < 3; round++) {
+    uint8_t *volatile keep = malloc(sz);
+    uint8_t *a = keep;
+    REQUIRE(a != NULL);
+    memset(a, 3, sz);
+    free(a);
+    hak_collect(true);
+  }
+  hak_stats_get(&after);
+  CHECK_MSG((ptrdiff_t)after.committed >= 0, "committed %td", (ptrdiff_t)after.committed);
+  CHECK_MSG(after.committed <= before.committed + ((size_t)1 << 20), "committed %zu KiB, %zu before",
+            after.committed >> 10, before.committed >> 10);
+  size_t returned = after.os_returned - before.os_returned;
+  CHECK_MSG(returned >= 3 * sz && returned <= 3 * sz + ((size_t)12 << 20),
+            "%zu KiB returned for 3 blocks of %zu KiB", returned >> 10, sz >> 10);
+}
+
 TEST(free_large_chunks_are_purged_after_delay) {
   hak_opt.purge_delay_ms = 50;
   start_purger();
