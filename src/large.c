@@ -934,10 +934,10 @@ static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bo
  * that none was kept since the last one, a sweep of the heaps by such a
  * malloc of any thread likewise (kept_sweep), and the thread's exit. The
  * owner takes a block with an exchange, which the purger's or a sweep's may
- * beat; only the owner puts one into an empty place. Without a purge delay, or without
- * the purger that gives back what an idle thread keeps, freed blocks go to
- * the arena at once; where purges run in the program's calls only, unless
- * calls_keep covers them. */
+ * beat; only the owner puts one into an empty place. Without a purge delay,
+ * or without the purger that gives back what an idle thread keeps, freed
+ * blocks go to the arena at once; where purges run in the program's calls
+ * only, unless calls_keep covers them. */
 static bool kept_eligible(hak_heap_t *heap, const hak_segment_t *seg) {
   return !HAK_GUARD_PAGES && seg->large_offset == HAK_LARGE_OFFSET && seg->map_size <= GRAIN &&
          hak_opt.purge_delay_ms != 0 && hak_opt.purge_thread &&
