@@ -55,10 +55,9 @@ EXPORT void malloc_stats(void) {
 }
 
 /* The mmap, system and aspace lines, which glibc gives per heap and in all. */
-static void info_system(FILE *fp) {
-  size_t mapped = atomic_load(&hak_gstats.mapped), live, bytes, cached;
-  hak_large_usage(&live, &bytes, &cached);
-  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", live, bytes);
+static void info_system(FILE *fp, size_t large_live, size_t large_bytes) {
+  size_t mapped = atomic_load(&hak_gstats.mapped);
+  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", large_live, large_bytes);
   fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", mapped);
   fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", atomic_load(&hak_gstats.mapped_peak));
   fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", mapped);
@@ -87,10 +86,10 @@ EXPORT int malloc_info(int options, FILE *fp) {
   size_t large_live, large_bytes, large_cached;
   hak_large_usage(&large_live, &large_bytes, &large_cached);
   fprintf(fp, "<total type=\"cached\" size=\"%zu\"/>\n", u.cached_bytes + large_cached);
-  info_system(fp);
+  info_system(fp, large_live, large_bytes);
   fprintf(fp, "</heap>\n<total type=\"fast\" count=\"0\" size=\"0\"/>\n");
   fprintf(fp, "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n", free_blocks, free_bytes);
-  info_system(fp);
+  info_system(fp, large_live, large_bytes);
   fprintf(fp, "</malloc>\n");
   return 0;
 }
