@@ -34,12 +34,15 @@ static HAK_FORK_HELD size_t pool_left;
  * retiring at once: a new thread then carves no blocks and faults in no
  * pages (larson 4t 10-1000: 1.23x as fast; a tree of threads,
  * bench/forkjoin depth 8, 1.7x). Past HAK_KEEP_EMPTY_HEAPS, one retires
- * each time a thread takes a slab of memory not committed yet, refills a
- * span class or allocates a large block (hak_heaps_trim_empty), so that
- * the pages of a burst of exiting threads are given back as the program
- * grows elsewhere: 64 threads that held 1 MiB each, then 20 MiB of small,
- * 64 KiB or 2 MiB blocks allocated by the main thread, peaked at 102-110
- * MiB when every empty heap waited for the purge delay, 90-91 since. */
+ * each time a thread takes pages not committed yet for a slab, a span
+ * refill or a large block (hak_heaps_trim_empty), so that the pages of a
+ * burst of exiting threads are given back as the program grows elsewhere:
+ * 64 threads that held 1 MiB each, then 20 MiB of small, 64 KiB or 2 MiB
+ * blocks allocated by the main thread, peaked at 102-110 MiB when every
+ * empty heap waited for the purge delay, 90-91 since. Blocks on committed
+ * pages retire none: a tree of threads whose tasks took a large block a
+ * round retired a heap at each, and the next threads faulted in new slabs
+ * (forkjoin 8 5 20 4141 1: 1.25x as fast, at 120.5 MiB against 129.7). */
 static HAK_FORK_HELD _Atomic size_t empty_parked;
 
 static void empty_parked_add(hak_heap_t *heap) {

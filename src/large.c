@@ -781,7 +781,10 @@ static hak_segment_t *arena_alloc(size_t map_size, size_t offset, bool whole) {
     }
   }
   pthread_mutex_unlock(&hak_large_lock);
-  if (faults) hak_span_shed(faults);
+  if (faults) { /* pages not committed yet: others' idle ones go back for them */
+    hak_span_shed(faults);
+    hak_heaps_trim_empty();
+  }
   return seg;
 }
 
@@ -923,7 +926,9 @@ bool hak_large_freed_start(const void *p) {
 static hak_segment_t *large_get(size_t map_size, size_t align, size_t offset, bool whole) {
   hak_segment_t *seg = NULL;
   if (align <= GRAIN && map_size <= ARENA_MAX_BLOCK) seg = arena_alloc(map_size, offset, whole);
-  return seg != NULL ? seg : large_map(map_size, align, offset);
+  if (seg != NULL) return seg;
+  hak_heaps_trim_empty(); /* a new mapping: as arena_alloc's faults */
+  return large_map(map_size, align, offset);
 }
 
 /* A thread's last freed blocks of one chunk at most wait in its heap (up
@@ -1064,7 +1069,6 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
   }
   HAK_SLOW_BEGIN();
   hak_process_init();
-  hak_heaps_trim_empty(); /* their pages for those this block may take */
   /* align is a power of two: past HAK_LARGE_OFFSET it is at least twice
    * that, so a guard page still fits below the block */
   size_t offset = align <= HAK_LARGE_OFFSET ? HAK_LARGE_OFFSET

@@ -1133,7 +1133,6 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
     errno = ENOMEM;
     return NULL;
   }
-  hak_heaps_trim_empty(); /* their pages for those the refill may take */
   HAK_SLOW_BEGIN();
   HAK_STAT_ADD(refills, 1);
   heap->span_given_in_row = 0;
@@ -1162,6 +1161,7 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
   }
   held_add(heap, cls, hak_span_count(heap, cls));
   if (filled && heap->clean[cls]) {
+    hak_heaps_trim_empty(); /* their pages for those the refill took */
     size_t cached = caches_bytes(heap);
     if (cached > TRIM_FRESH_BYTES && !growing(heap, near_most, cached)) trim_unused(heap);
   }

@@ -4157,6 +4157,40 @@ TEST(empty_heaps_retire_as_a_thread_takes_large_blocks) {
   for (int i = 0; i < EMPTY_RETIRED; i++) free(big[i]);
 }
 
+/* Blocks that take no new pages retire none: large ones the thread takes
+ * again, span blocks from pages it gave back (a tree of threads that each
+ * took a block a round retired an empty heap each time, and the next
+ * threads built theirs on new pages: /tmp fj3 0.61x, fj2 0.64x). */
+TEST(empty_heaps_wait_while_a_thread_reuses_its_pages) {
+  enum { SPANS = 64 };
+  static void *big[EMPTY_RETIRED], *span[SPANS];
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  for (int i = 0; i < EMPTY_RETIRED; i++) REQUIRE((big[i] = malloc(2 << 20)) != NULL);
+  for (int i = 0; i < SPANS; i++) REQUIRE((span[i] = malloc(64 << 10)) != NULL);
+  for (int i = 0; i < EMPTY_RETIRED; i++) free(big[i]);
+  for (int i = 0; i < SPANS; i++) free(span[i]);
+  hak_heap_t *h[EMPTY_EXITERS];
+  park_empty_heaps(h);
+  for (int i = 0; i < EMPTY_RETIRED; i++) REQUIRE((big[i] = malloc(2 << 20)) != NULL);
+  for (int i = 0; i < SPANS; i++) REQUIRE((span[i] = malloc(64 << 10)) != NULL);
+  for (int i = 0; i < EMPTY_EXITERS; i++)
+    CHECK_MSG(h[i]->parked && h[i]->parked_empty, "heap %d retired", i);
+  for (int i = 0; i < EMPTY_RETIRED; i++) free(big[i]);
+  for (int i = 0; i < SPANS; i++) free(span[i]);
+}
+
+/* Span blocks on new pages retire them as slabs do. */
+TEST(empty_heaps_retire_as_a_thread_takes_span_blocks_on_new_pages) {
+  enum { SPANS = 64 };
+  static void *span[SPANS];
+  hak_heap_t *h[EMPTY_EXITERS];
+  park_empty_heaps(h);
+  for (int i = 0; i < SPANS; i++) REQUIRE((span[i] = malloc(64 << 10)) != NULL);
+  check_oldest_empty_heaps_retired(h);
+  for (int i = 0; i < SPANS; i++) free(span[i]);
+}
+
 /* Fills a slab of 1000-byte blocks and keeps one 64-byte block; exits
  * once the test thread has freed the 1000-byte ones. */
 typedef struct {
