@@ -1,13 +1,14 @@
 /* forkjoin — a tree of threads, each a task that its parent created.
  *
- * usage: forkjoin [depth [trees [rounds [seed [large]]]]]
+ * usage: forkjoin [depth [trees [rounds [seed [big]]]]]
  *   depth   levels below the root task: 2^(depth+1) - 1 tasks a tree (default 8)
  *   trees   trees run one after the other (default 20)
  *   rounds  rounds of work a task: 64 blocks of 32-931 B allocated,
  *           written and freed (default 200)
  *   seed    seed (default 4141)
- *   large   1: a round's first block is one of 1,200,000-2,199,999 B, written
- *           whole, as a task's buffer (default 0)
+ *   big     1: a round's first block is one of 1,200,000-2,199,999 B, written
+ *           whole, as a task's buffer; 2: every eighth block is one of
+ *           8,192-32,767 B (default 0: none)
  *
  * A task frees the block its parent handed it, does its rounds, then (above
  * the leaves) allocates a block for each of two children, creates them as
@@ -21,14 +22,15 @@
 #include <pthread.h>
 
 static const char usage[] =
-    "usage: forkjoin [depth [trees [rounds [seed [large]]]]]\n"
-    "  defaults: depth 8 (511 tasks a tree), 20 trees, 200 rounds, seed 4141, large 0.\n"
+    "usage: forkjoin [depth [trees [rounds [seed [big]]]]]\n"
+    "  defaults: depth 8 (511 tasks a tree), 20 trees, 200 rounds, seed 4141, big 0.\n"
     "  Each task is a thread: frees its parent's block, allocates and frees 64 blocks of\n"
     "  32-931 B a round, then creates two children (each handed a block) and joins them.\n"
-    "  large 1: a round's first block is of 1.2-2.2 MB, written whole.\n";
+    "  big 1: a round's first block is of 1.2-2.2 MB, written whole;\n"
+    "  big 2: every eighth block is of 8-32 KiB.\n";
 
 typedef struct {
-  long depth, rounds, large;
+  long depth, rounds, big;
   uint32_t seed;
   char *handed;
 } task_t;
@@ -43,10 +45,12 @@ BENCH_NOINLINE static void *bench_task(void *arg) {
   char *b[64];
   for (long r = 0; r < t->rounds; r++) {
     for (int i = 0; i < 64; i++) {
-      int big = i == 0 && t->large;
-      size_t sz = big ? 1200000 + xorshift32(&s) % 1000000 : 32 + xorshift32(&s) % 900;
+      int buffer = i == 0 && t->big == 1;
+      size_t sz = buffer                    ? 1200000 + xorshift32(&s) % 1000000
+                  : i % 8 == 0 && t->big == 2 ? 8192 + xorshift32(&s) % 24576
+                                              : 32 + xorshift32(&s) % 900;
       if (!(b[i] = malloc(sz))) bench_die("malloc failed");
-      if (big) memset(b[i], 1, sz);
+      if (buffer) memset(b[i], 1, sz);
       b[i][0] = (char)i;
       b[i][sz - 1] = 1;
     }
@@ -60,7 +64,7 @@ BENCH_NOINLINE static void *bench_task(void *arg) {
     task_t ct[2];
     for (int k = 0; k < 2; k++) {
       ct[k] = (task_t){
-          .depth = t->depth - 1, .rounds = t->rounds, .large = t->large, .seed = xorshift32(&s)};
+          .depth = t->depth - 1, .rounds = t->rounds, .big = t->big, .seed = xorshift32(&s)};
       if (!(ct[k].handed = malloc(200))) bench_die("malloc failed");
       memset(ct[k].handed, 1, 200);
       if (pthread_create(&child[k], NULL, bench_task, &ct[k])) bench_die("pthread_create failed");
@@ -76,8 +80,8 @@ int main(int argc, char **argv) {
   long depth = bench_arg(argc, argv, 1, 8), trees = bench_arg(argc, argv, 2, 20);
   long rounds = bench_arg(argc, argv, 3, 200);
   uint64_t seed = (uint64_t)bench_arg(argc, argv, 4, 4141);
-  long large = bench_arg(argc, argv, 5, 0);
-  if (depth < 0 || depth > 14 || trees < 1 || rounds < 0 || large < 0 || large > 1) {
+  long big = bench_arg(argc, argv, 5, 0);
+  if (depth < 0 || depth > 14 || trees < 1 || rounds < 0 || big < 0 || big > 2) {
     fputs(usage, stderr);
     return 2;
   }
@@ -86,7 +90,7 @@ int main(int argc, char **argv) {
   for (long i = 0; i < trees; i++) {
     task_t root = {.depth = depth,
                    .rounds = rounds,
-                   .large = large,
+                   .big = big,
                    .seed = xorshift32(&s),
                    .handed = malloc(200)};
     if (!root.handed) bench_die("malloc failed");
@@ -97,7 +101,7 @@ int main(int argc, char **argv) {
   double t = bench_now() - t0;
   long tasks = trees * ((2L << depth) - 1);
   long ops = tasks * (rounds * 128 + 2);
-  printf("forkjoin depth=%ld trees=%ld rounds=%ld seed=%llu large=%ld build=%s tasks=%ld tasks/s=%.0f ops=%ld ops/s=%.0f time_s=%.3f\n",
-         depth, trees, rounds, (unsigned long long)seed, large, BENCH_ALLOC_KIND, tasks, tasks / t, ops, ops / t, t);
+  printf("forkjoin depth=%ld trees=%ld rounds=%ld seed=%llu big=%ld build=%s tasks=%ld tasks/s=%.0f ops=%ld ops/s=%.0f time_s=%.3f\n",
+         depth, trees, rounds, (unsigned long long)seed, big, BENCH_ALLOC_KIND, tasks, tasks / t, ops, ops / t, t);
   return 0;
 }

@@ -40,6 +40,7 @@ tiny=(
   "cxx_containers|shared 2000 100"
   "forkjoin|3 2 5"
   "forkjoin|3 2 5 4141 1"
+  "forkjoin|3 2 5 4141 2"
 )
 [ -f "$LIBHAKMEM" ] || bad "LIBHAKMEM=$LIBHAKMEM exists"
 for alloc in glibc hakmem; do
