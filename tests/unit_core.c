@@ -4160,7 +4160,8 @@ TEST(empty_heaps_retire_as_a_thread_takes_large_blocks) {
 /* Blocks that take no new pages retire none: large ones the thread takes
  * again, span blocks from pages it gave back (a tree of threads that each
  * took a block a round retired an empty heap each time, and the next
- * threads built theirs on new pages: /tmp fj3 0.61x, fj2 0.64x). */
+ * threads built theirs on new pages: forkjoin 8 5 20 4141 1 ran 1.31x as
+ * fast without). */
 TEST(empty_heaps_wait_while_a_thread_reuses_its_pages) {
   enum { SPANS = 64 };
   static void *big[EMPTY_RETIRED], *span[SPANS];
