@@ -95,10 +95,10 @@ check-options-doc: $(BUILD)/gen_options
 CLASS_TABLES_GEN := python3 tools/gen_class_tables.py
 class-tables:
 	$(CLASS_TABLES_GEN) fast > src/class_table.inc
-	$(CLASS_TABLES_GEN) slab > src/slab_class_table.inc
+	$(CLASS_TABLES_GEN) small > src/small_class_table.inc
 check-class-tables:
 	@$(CLASS_TABLES_GEN) fast | diff -u src/class_table.inc - >/dev/null && \
-	  $(CLASS_TABLES_GEN) slab | diff -u src/slab_class_table.inc - >/dev/null || \
+	  $(CLASS_TABLES_GEN) small | diff -u src/small_class_table.inc - >/dev/null || \
 	  { echo "src/*class_table.inc are stale: run 'make class-tables'"; exit 1; }
 .PHONY: class-tables check-class-tables
 

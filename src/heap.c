@@ -12,7 +12,9 @@
  * page fewer (test introspect.a_forked_child_writes_one_page_...), and a
  * program of one thread maps no pool. The sentinel is read-only data. */
 static hak_heap_t heap_first;
-const hak_heap_t hak_heap_empty;
+const hak_heap_t hak_heap_empty = {.small_class = {
+#include "small_class_table.inc"
+}};
 __thread hak_heap_t *hak_tls_heap = HAK_HEAP_EMPTY;
 HAK_FORK_HELD pthread_mutex_t hak_heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -137,6 +139,7 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t *want, hak_heap
   }
   if (h) {
     memset(h, 0, sizeof *h);
+    memcpy(h->small_class, hak_heap_empty.small_class, sizeof h->small_class);
     hak_span_heap_init(h);
     h->token = token;
     h->next = heaps_live;

@@ -52,9 +52,6 @@ HAK_COLD __attribute__((noreturn)) void hak_fatal(const char *fmt, ...);
 /* ---- size classes (classes.c) ---- */
 extern const uint32_t hak_class_size[HAK_CLASSES];
 extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
-/* The same for slab sizes, a byte per size: malloc's fast path indexes it
- * with the size itself, two instructions fewer than (size + 15) >> 4. */
-extern const uint8_t hak_slab_class[HAK_SLAB_MAX + 1];
 
 /* Class of a size <= HAK_BIG_MAX. */
 _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
@@ -696,14 +693,30 @@ HAK_INLINE hak_slab_t *hak_own_slab(hak_slab_t *slab, const void *p) {
              : NULL;
 }
 
+/* The address of the head of cls's list, in a register of its own, so
+ * that the pop and the push load and store the head at a register alone:
+ * on an Intel Xeon (2026-12-03) a malloc/free loop of one size ran 2.5x as
+ * fast as with the head at heap + 8 * cls (an index register), and the
+ * other workloads as fast. Written as asm: gcc folds a plain
+ * &heap->free[cls] back into the load's address. */
+HAK_INLINE hak_block_t **hak_heap_head(hak_heap_t *heap, size_t cls) {
+#if defined(__x86_64__)
+  hak_block_t **head;
+  __asm__("lea (%1,%2,8), %0" : "=r"(head) : "r"(heap->free), "r"(cls));
+  return head;
+#else
+  return &heap->free[cls];
+#endif
+}
 /* Pops a block of cls from the heap's list, or NULL. The next block's line
  * is fetched now: the next pop of the class reads it, and the program
  * writes it (larson 8-128: 1.03x; its blocks overflow L1). */
 HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
-  hak_block_t *b = heap->free[cls];
+  hak_block_t **head = hak_heap_head(heap, cls);
+  hak_block_t *b = *head;
   if (HAK_LIKELY(b != NULL)) {
     hak_block_t *next = hak_next(b);
-    heap->free[cls] = next;
+    *head = next;
     __builtin_prefetch(next, 1, 3);
     hak_block_handout(b, hak_class_size[cls]);
   }
@@ -741,7 +754,8 @@ HAK_INLINE void hak_span_low_note(hak_heap_t *heap, size_t c, unsigned held) {
 HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
   size_t cls = seg->span.page_class[hak_span_page_index(p)];
   hak_heap_t *heap = hak_tls_heap;
-  hak_block_t *head = heap->free[cls];
+  hak_block_t **list = hak_heap_head(heap, cls);
+  hak_block_t *head = *list;
   unsigned limit = heap->span_limit_of[cls];
   if (HAK_LIKELY(hak_is_page_start(p) && head != NULL && cls >= HAK_SLAB_CLASSES)) {
     uintptr_t held = *hak_span_depth(head);
@@ -750,7 +764,7 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
       HAK_CSTAT_FREE(cls);
       hak_set_next(p, head);
       *hak_span_depth(p) = held + 1;
-      heap->free[cls] = p;
+      *list = p;
       hak_span_low_note(heap, cls - HAK_SLAB_CLASSES, (unsigned)held);
       return;
     }
@@ -765,8 +779,8 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
  * its hit path. */
 HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(size <= HAK_SLAB_MAX - HAK_CANARY)) {
-    size_t cls = hak_slab_class[size + HAK_CANARY];
+  if (HAK_LIKELY(size <= HAK_SMALL_MAX - HAK_CANARY)) {
+    size_t cls = heap->small_class[size + HAK_CANARY];
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
       HAK_CSTAT_ALLOC(cls, size);
@@ -781,7 +795,8 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
-    return refill ? hak_span_refill(size, heap, cls) : NULL;
+    if (!refill) return NULL;
+    return hak_class_is_span(cls) ? hak_span_refill(size, heap, cls) : hak_heap_refill(size, heap, cls);
   }
   return refill ? hak_large_alloc(size, 0, false) : NULL;
 }

@@ -236,6 +236,12 @@ typedef struct {
  * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
+  /* The class of each size up to HAK_SMALL_MAX, indexed by the size
+   * itself (two instructions fewer than hak_fast_class's (size + 15) >> 4):
+   * the sentinel's (heap.c), copied into every heap. malloc reads it at
+   * the heap's address, which it holds already, in one instruction; a
+   * global table's address would take one more in a shared library. */
+  uint8_t small_class[HAK_SMALL_MAX + 1];
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. On the lists' page, which a

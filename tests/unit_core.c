@@ -18,6 +18,13 @@
 
 /* ---- size classes ---- */
 
+TEST(every_heap_has_the_class_table_of_small_sizes) {
+  free(malloc(1)); /* the thread has a heap */
+  REQUIRE(hak_tls_heap != HAK_HEAP_EMPTY);
+  CHECK(memcmp(hak_tls_heap->small_class, hak_heap_empty.small_class, sizeof hak_heap_empty.small_class) == 0);
+  CHECK(hak_tls_heap->small_class[HAK_SMALL_MAX] == HAK_SMALL_CLASSES - 1);
+}
+
 TEST(class_is_smallest_fitting) {
   for (size_t size = 0; size <= HAK_BIG_MAX; size++) {
     size_t cls = hak_size_class(size);
@@ -26,9 +33,9 @@ TEST(class_is_smallest_fitting) {
               hak_class_size[cls]);
     if (cls > 0)
       CHECK_MSG(hak_class_size[cls - 1] < (size ? size : 1), "size %zu not smallest", size);
-    if (size <= HAK_SLAB_MAX)
-      CHECK_MSG(hak_slab_class[size] == cls, "size %zu: malloc's table says %u", size,
-                hak_slab_class[size]);
+    if (size <= HAK_SMALL_MAX)
+      CHECK_MSG(hak_heap_empty.small_class[size] == cls, "size %zu: the heaps' table says %u", size,
+                hak_heap_empty.small_class[size]);
     if (th_failed_here > 5) return;
   }
 }
@@ -1711,14 +1718,14 @@ static void remote_frees_go_over_an_outbox_at_a_time(size_t size) {
 
 TEST(remote_frees_of_small_blocks_go_over_a_page_at_a_time_at_collect_and_at_exit) {
   remote_frees_go_over_an_outbox_at_a_time(200);
-  CHECK(hak_outbox_bytes(hak_slab_class[200]) == HAK_PAGE_SIZE);
+  CHECK(hak_outbox_bytes(hak_size_class(200)) == HAK_PAGE_SIZE);
 }
 
 /* A page holds 2 blocks of 2 KiB: pushes of 2 left the consumer of a
  * pipeline waiting on each push's locked instruction. */
 TEST(remote_frees_of_2_KiB_blocks_go_over_8_at_a_time) {
   remote_frees_go_over_an_outbox_at_a_time(2000);
-  CHECK(hak_outbox_bytes(hak_slab_class[2000]) / hak_class_size[hak_slab_class[2000]] == 8);
+  CHECK(hak_outbox_bytes(hak_size_class(2000)) / hak_class_size[hak_size_class(2000)] == 8);
 }
 
 TEST(empty_slabs_are_released) {
