@@ -2,18 +2,12 @@
  * aligned, zeroing and resizing variants. */
 #include "internal.h"
 
-/* The refill of a class of either tier (malloc's fast path knows which). */
-static void *refill_class(size_t size, hak_heap_t *heap, size_t cls) {
-  return hak_class_is_span(cls) ? hak_span_refill(size, heap, cls)
-                                : hak_heap_refill(size, heap, cls);
-}
-
 /* A block of cls from the heap, refilling its list if empty (a new
  * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
  * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_UNLIKELY(b == NULL)) return refill_class(size, heap, cls);
+  if (HAK_UNLIKELY(b == NULL)) return hak_refill_class(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
 }
@@ -65,7 +59,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
-    if ((p = refill_class(total, heap, cls)) == NULL) return NULL;
+    if ((p = hak_refill_class(total, heap, cls)) == NULL) return NULL;
     clean = hak_tls_heap->clean[cls];
   }
   /* A never-used block of fresh memory holds only its old list words. */

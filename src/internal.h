@@ -774,6 +774,11 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
 
 /* ---- fast paths ---- */
 
+/* The refill of a class of either tier. */
+HAK_INLINE void *hak_refill_class(size_t size, hak_heap_t *heap, size_t cls) {
+  return hak_class_is_span(cls) ? hak_span_refill(size, heap, cls) : hak_heap_refill(size, heap, cls);
+}
+
 /* With refill false, NULL for an empty list or a large size: a caller
  * with work of its own after a miss (operator new) then needs no frame on
  * its hit path. */
@@ -795,8 +800,7 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
       HAK_CSTAT_ALLOC(cls, size);
       return b;
     }
-    if (!refill) return NULL;
-    return hak_class_is_span(cls) ? hak_span_refill(size, heap, cls) : hak_heap_refill(size, heap, cls);
+    return refill ? hak_refill_class(size, heap, cls) : NULL;
   }
   return refill ? hak_large_alloc(size, 0, false) : NULL;
 }
