@@ -186,16 +186,17 @@ HAK_INLINE void free_others(hak_segment_t *seg, hak_heap_t *owner, hak_heap_t *h
   free_remote_batched(heap, slab, (hak_block_t *)p);
 }
 
-/* A thread without a heap frees another thread's block. If that heap is
- * parked, the thread takes it, whose blocks it was likely handed (a worker
- * that follows another), and frees the block as the owner. A path of its
- * own, reached by a jump, so that the generic path saves no more registers
- * for it. */
+/* A thread without a heap frees another thread's block. It takes that
+ * heap if it is parked or parks soon (heap.c: hak_heap_for_heir), whose
+ * blocks it was likely handed (a worker that follows another), and frees
+ * the block as the owner. A path of its own, reached by a jump, so that
+ * the generic path saves no more registers for it. */
 HAK_NOINLINE static void free_heapless(hak_segment_t *seg, hak_heap_t *owner, void *p) {
-  if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED) && hak_heap_adopt(owner))
+  hak_heap_t *heap = hak_heap_for_heir(owner);
+  if (heap == owner)
     hak_free_inline(p);
   else
-    free_others(seg, owner, HAK_HEAP_EMPTY, p);
+    free_others(seg, owner, heap != NULL ? heap : HAK_HEAP_EMPTY, p);
 }
 
 /* The common case first, in few registers: a block of another live

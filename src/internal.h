@@ -438,9 +438,10 @@ extern const hak_heap_t hak_heap_empty;
 #define HAK_HEAP_EMPTY ((hak_heap_t *)&hak_heap_empty)
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
-/* A thread without a heap takes parked: false if it is no longer parked
- * or the thread's exit handler has run. */
-bool hak_heap_adopt(hak_heap_t *parked);
+/* The heap of a thread without one that frees a block of owner's: owner
+ * if it is parked or parks soon, else as hak_heap_get's; NULL once the
+ * thread's exit handler has run. */
+hak_heap_t *hak_heap_for_heir(hak_heap_t *owner);
 /* A young heap's thread frees a block of block_size bytes into parked:
  * true if it parked its own heap to take that one (heap.c); the thread
  * then has it, or no heap if another thread took it first. */

@@ -3956,6 +3956,80 @@ TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
   free(f.q);
 }
 
+/* A thread creates its successor, hands it a block, and exits once the
+ * successor is about to free it (or, if stays, joins it). */
+typedef struct {
+  sem_t freeing;
+  pthread_t successor;
+  bool stays;
+  void *block, *q;
+  hak_heap_t *creator, *heap;
+  bool creator_live; /* when the successor freed the block */
+} handover_t;
+
+static void *free_creators_block(void *arg) {
+  handover_t *h = arg;
+  sem_post(&h->freeing);
+  h->creator_live = !__atomic_load_n(&h->creator->parked, __ATOMIC_RELAXED);
+  free(h->block);
+  h->q = malloc(64);
+  h->heap = hak_tls_heap;
+  return NULL;
+}
+
+static void *hand_over(void *arg) {
+  handover_t *h = arg;
+  h->block = malloc(64);
+  h->creator = hak_tls_heap;
+  REQUIRE(pthread_create(&h->successor, NULL, free_creators_block, h) == 0);
+  sem_wait(&h->freeing);
+  if (h->stays) pthread_join(h->successor, NULL);
+  return NULL;
+}
+
+static void run_handover(handover_t *h) {
+  sem_init(&h->freeing, 0, 0);
+  pthread_t c;
+  REQUIRE(pthread_create(&c, NULL, hand_over, h) == 0);
+  pthread_join(c, NULL);
+  if (!h->stays) pthread_join(h->successor, NULL);
+  sem_destroy(&h->freeing);
+}
+
+/* A thread whose first call frees a block of its creator, which is about
+ * to exit, waits for the creator's heap to park and takes it, when no heap
+ * is parked: its next malloc of the size returns the block. Up to 20
+ * tries, for one whose creator could not run within the wait; a try where
+ * the creator had parked before the free proves nothing. */
+TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  int tries = 0;
+  bool taken = false;
+  for (; tries < 20 && !taken; tries++) {
+    hak_heaps_retire_parked(); /* none to take but the creator's */
+    handover_t h = {0};
+    run_handover(&h);
+    taken = h.creator_live && h.heap == h.creator && h.q == h.block;
+    free(h.q);
+  }
+  CHECK_MSG(taken, "not in %d tries", tries);
+}
+
+/* A creator that lives on (it joins its successor) never parks: the
+ * successor gives up waiting and takes a heap of its own. */
+TEST(new_thread_whose_creator_lives_on_takes_a_heap_of_its_own) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  hak_heaps_retire_parked();
+  handover_t h = {.stays = true};
+  run_handover(&h);
+  CHECK(h.creator_live);
+  CHECK(h.heap != NULL && h.heap != HAK_HEAP_EMPTY && h.heap != h.creator);
+  CHECK(h.q != h.block);
+  free(h.q);
+}
+
 /* A thread that has a heap (the one parked longest) frees a block of the
  * heap parked after it, then allocates a block of the same size. */
 typedef struct {
