@@ -234,6 +234,9 @@ static bool heir_parked(hak_heap_t *owner) {
     end.tv_sec++;
     end.tv_nsec -= 1000000000;
   }
+  /* the wait is a cancellation point, which free must not be */
+  int cancel_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   pthread_mutex_lock(&hak_heaps_lock);
   int waited = 0; /* 1: a heap parked meanwhile; -1: none did */
   if (may_wait && heaps_parked == NULL) {
@@ -245,6 +248,7 @@ static bool heir_parked(hak_heap_t *owner) {
   }
   bool parked = parked_link(owner) != NULL;
   pthread_mutex_unlock(&hak_heaps_lock);
+  pthread_setcancelstate(cancel_state, NULL);
   int credit = atomic_load_explicit(&heir_credit, memory_order_relaxed);
   if (waited > 0 && credit < HEIR_CREDIT_MAX) atomic_fetch_add(&heir_credit, 1);
   if (waited < 0 && credit > 0) atomic_fetch_sub(&heir_credit, 1);

@@ -4030,6 +4030,56 @@ TEST(new_thread_whose_creator_lives_on_takes_a_heap_of_its_own) {
   free(h.q);
 }
 
+/* As free_creators_block, with a cancel pending when it frees. */
+static atomic_int creator_cancelled;
+static void *free_creators_block_cancel_pending(void *arg) {
+  handover_t *h = arg;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+  while (!atomic_load(&creator_cancelled)) sched_yield();
+  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+  sem_post(&h->freeing);
+  free(h->block);
+  h->q = malloc(64);
+  h->heap = hak_tls_heap;
+  pthread_testcancel();
+  return NULL;
+}
+
+static void *hand_over_and_cancel(void *arg) {
+  handover_t *h = arg;
+  h->block = malloc(64);
+  h->creator = hak_tls_heap;
+  REQUIRE(pthread_create(&h->successor, NULL, free_creators_block_cancel_pending, h) == 0);
+  pthread_cancel(h->successor);
+  atomic_store(&creator_cancelled, 1);
+  sem_wait(&h->freeing);
+  return NULL;
+}
+
+/* free is no cancellation point: the wait for the creator's heap does not
+ * act on a pending cancel (which would unwind the thread holding the lock
+ * of the heaps' lists, out of free). */
+TEST(the_wait_for_the_creators_heap_is_no_cancellation_point) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  hak_heaps_retire_parked();
+  handover_t h = {0};
+  sem_init(&h.freeing, 0, 0);
+  pthread_t c;
+  REQUIRE(pthread_create(&c, NULL, hand_over_and_cancel, &h) == 0);
+  pthread_join(c, NULL);
+  void *res = NULL;
+  pthread_join(h.successor, &res);
+  sem_destroy(&h.freeing);
+  CHECK(res == PTHREAD_CANCELED);
+  CHECK_MSG(h.q != NULL && h.heap != NULL, "the thread unwound in free");
+  void *q = NULL;
+  run_thread(alloc_one, &q); /* the heaps' lock is free */
+  CHECK(q != NULL);
+  free(q);
+  free(h.q);
+}
+
 /* A thread that has a heap (the one parked longest) frees a block of the
  * heap parked after it, then allocates a block of the same size. */
 typedef struct {
