@@ -225,21 +225,16 @@ static bool heir_parked(hak_heap_t *owner) {
   if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) return true;
   if (owner == &heap_first || !atomic_load_explicit(&hak_purge_running, memory_order_acquire))
     return false;
-  bool may_wait = atomic_load_explicit(&heir_credit, memory_order_relaxed) > 0 ||
-                  atomic_fetch_add_explicit(&heir_skips, 1, memory_order_relaxed) % HEIR_PROBE == 0;
-  struct timespec end;
-  clock_gettime(CLOCK_MONOTONIC, &end);
-  end.tv_nsec += HEIR_WAIT_NS;
-  if (end.tv_nsec >= 1000000000) {
-    end.tv_sec++;
-    end.tv_nsec -= 1000000000;
-  }
+  if (atomic_load_explicit(&heir_credit, memory_order_relaxed) <= 0 &&
+      atomic_fetch_add_explicit(&heir_skips, 1, memory_order_relaxed) % HEIR_PROBE != 0)
+    return __atomic_load_n(&owner->parked, __ATOMIC_RELAXED);
   /* the wait is a cancellation point, which free must not be */
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   pthread_mutex_lock(&hak_heaps_lock);
   int waited = 0; /* 1: a heap parked meanwhile; -1: none did */
-  if (may_wait && heaps_parked == NULL) {
+  if (heaps_parked == NULL) {
+    struct timespec end = hak_clock_deadline(HEIR_WAIT_NS);
     heir_waiters++;
     waited = -1;
     while (waited < 0 && pthread_cond_clockwait(&heir_cond, &hak_heaps_lock, CLOCK_MONOTONIC, &end) == 0)

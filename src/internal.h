@@ -153,6 +153,8 @@ size_t hak_os_resident(void *p, size_t size);
 void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target);
 uint64_t hak_clock_ms(void);
 uint64_t hak_clock_ns(void);
+/* CLOCK_MONOTONIC ns from now, as the deadline of a timed wait. */
+struct timespec hak_clock_deadline(uint64_t ns);
 size_t hak_os_rss(void);
 size_t hak_os_rss_peak(void);
 /* Whether the calling thread is the process's last (a main thread that

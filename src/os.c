@@ -298,6 +298,11 @@ uint64_t hak_clock_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+struct timespec hak_clock_deadline(uint64_t ns) {
+  uint64_t t = hak_clock_ns() + ns;
+  return (struct timespec){.tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u)};
+}
+
 uint64_t hak_clock_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);

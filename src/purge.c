@@ -60,11 +60,7 @@ bool hak_purge_unmap_later(void *p, size_t size) {
 
 /* Waits ms, or less if an unmap is handed over. */
 static void wait_ms(uint64_t ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000u;
-  ts.tv_sec += (time_t)(ns / 1000000000u);
-  ts.tv_nsec = (long)(ns % 1000000000u);
+  struct timespec ts = hak_clock_deadline(ms * 1000000u);
   pthread_mutex_lock(&wait_lock);
   while (atomic_load(&unmaps) == NULL &&
          pthread_cond_timedwait(&wait_cond, &wait_lock, &ts) == 0) {

@@ -3957,23 +3957,31 @@ TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
 }
 
 /* A thread creates its successor, hands it a block, and exits once the
- * successor is about to free it (or, if stays, joins it). */
+ * successor is about to free it (or, if stays, joins it). With cancel,
+ * the successor has a cancel pending when it frees. */
 typedef struct {
   sem_t freeing;
   pthread_t successor;
-  bool stays;
-  void *block, *q;
+  bool stays, cancel;
+  atomic_int cancel_sent;
+  void *block, *q, *result;
   hak_heap_t *creator, *heap;
   bool creator_live; /* when the successor freed the block */
 } handover_t;
 
 static void *free_creators_block(void *arg) {
   handover_t *h = arg;
+  if (h->cancel) {
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+    while (!atomic_load(&h->cancel_sent)) sched_yield();
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+  }
   sem_post(&h->freeing);
   h->creator_live = !__atomic_load_n(&h->creator->parked, __ATOMIC_RELAXED);
   free(h->block);
   h->q = malloc(64);
   h->heap = hak_tls_heap;
+  if (h->cancel) pthread_testcancel();
   return NULL;
 }
 
@@ -3982,8 +3990,12 @@ static void *hand_over(void *arg) {
   h->block = malloc(64);
   h->creator = hak_tls_heap;
   REQUIRE(pthread_create(&h->successor, NULL, free_creators_block, h) == 0);
+  if (h->cancel) {
+    pthread_cancel(h->successor);
+    atomic_store(&h->cancel_sent, 1);
+  }
   sem_wait(&h->freeing);
-  if (h->stays) pthread_join(h->successor, NULL);
+  if (h->stays) pthread_join(h->successor, &h->result);
   return NULL;
 }
 
@@ -3992,7 +4004,7 @@ static void run_handover(handover_t *h) {
   pthread_t c;
   REQUIRE(pthread_create(&c, NULL, hand_over, h) == 0);
   pthread_join(c, NULL);
-  if (!h->stays) pthread_join(h->successor, NULL);
+  if (!h->stays) pthread_join(h->successor, &h->result);
   sem_destroy(&h->freeing);
 }
 
@@ -4030,32 +4042,6 @@ TEST(new_thread_whose_creator_lives_on_takes_a_heap_of_its_own) {
   free(h.q);
 }
 
-/* As free_creators_block, with a cancel pending when it frees. */
-static atomic_int creator_cancelled;
-static void *free_creators_block_cancel_pending(void *arg) {
-  handover_t *h = arg;
-  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-  while (!atomic_load(&creator_cancelled)) sched_yield();
-  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-  sem_post(&h->freeing);
-  free(h->block);
-  h->q = malloc(64);
-  h->heap = hak_tls_heap;
-  pthread_testcancel();
-  return NULL;
-}
-
-static void *hand_over_and_cancel(void *arg) {
-  handover_t *h = arg;
-  h->block = malloc(64);
-  h->creator = hak_tls_heap;
-  REQUIRE(pthread_create(&h->successor, NULL, free_creators_block_cancel_pending, h) == 0);
-  pthread_cancel(h->successor);
-  atomic_store(&creator_cancelled, 1);
-  sem_wait(&h->freeing);
-  return NULL;
-}
-
 /* free is no cancellation point: the wait for the creator's heap does not
  * act on a pending cancel (which would unwind the thread holding the lock
  * of the heaps' lists, out of free). */
@@ -4063,15 +4049,9 @@ TEST(the_wait_for_the_creators_heap_is_no_cancellation_point) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   hak_heaps_retire_parked();
-  handover_t h = {0};
-  sem_init(&h.freeing, 0, 0);
-  pthread_t c;
-  REQUIRE(pthread_create(&c, NULL, hand_over_and_cancel, &h) == 0);
-  pthread_join(c, NULL);
-  void *res = NULL;
-  pthread_join(h.successor, &res);
-  sem_destroy(&h.freeing);
-  CHECK(res == PTHREAD_CANCELED);
+  handover_t h = {.cancel = true};
+  run_handover(&h);
+  CHECK(h.result == PTHREAD_CANCELED);
   CHECK_MSG(h.q != NULL && h.heap != NULL, "the thread unwound in free");
   void *q = NULL;
   run_thread(alloc_one, &q); /* the heaps' lock is free */
