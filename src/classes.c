@@ -16,9 +16,9 @@ const uint32_t hak_class_size[HAK_CLASSES] = {
 };
 
 /* Class of a size <= 1 MiB, indexed by (size + 15) / 16: the malloc fast
- * path serves every size over 1 KiB with one lookup (64 KiB, of which a
- * program touches the lines of the sizes it uses; each heap has its own
- * table of the smaller ones, hak_heap_t.small_class). */
+ * path serves every size over HAK_TABLE_MAX with one lookup (64 KiB, of
+ * which a program touches the lines of the sizes it uses; each heap has its
+ * own table of the smaller ones, hak_heap_t.small_class). */
 const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1] = {
 #include "class_table.inc"
 };

@@ -787,7 +787,7 @@ HAK_INLINE void *hak_refill_class(size_t size, hak_heap_t *heap, size_t cls) {
  * its hit path. */
 HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
   hak_heap_t *heap = hak_tls_heap;
-  if (HAK_LIKELY(size <= HAK_SMALL_MAX - HAK_CANARY)) {
+  if (HAK_LIKELY(size <= HAK_TABLE_MAX - HAK_CANARY)) {
     size_t cls = heap->small_class[size + HAK_CANARY];
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {

@@ -71,6 +71,11 @@ enum {
  * slab size wastes more than 12.5%), and 27 span classes of whole pages (8
  * and 12 KiB, then 4 per doubling from 16 KiB to 1 MiB). */
 #define HAK_SMALL_MAX ((size_t)1024)
+/* Sizes whose class each heap's own table gives (hak_heap_t.small_class):
+ * to the first class over 1 KiB, so that a size a little over 1 KiB (a
+ * 1 KiB buffer and its header) takes malloc's first path too
+ * (random_mixed, 16-1039 B: 1.008x). */
+#define HAK_TABLE_MAX ((size_t)1152)
 #define HAK_SLAB_MAX ((size_t)7168)   /* the largest block in a slab */
 #define HAK_FAST_MAX ((size_t)1048576) /* sizes the malloc fast path serves */
 #define HAK_BIG_MAX ((size_t)1048576)
@@ -236,12 +241,12 @@ typedef struct {
  * free[c] of a span class is the thread's cache of free spans of c. */
 struct hak_heap_s {
   hak_block_t *free[HAK_CLASSES];
-  /* The class of each size up to HAK_SMALL_MAX, indexed by the size
+  /* The class of each size up to HAK_TABLE_MAX, indexed by the size
    * itself (two instructions fewer than hak_fast_class's (size + 15) >> 4):
    * the sentinel's (heap.c), copied into every heap. malloc reads it at
    * the heap's address, which it holds already, in one instruction; a
    * global table's address would take one more in a shared library. */
-  uint8_t small_class[HAK_SMALL_MAX + 1];
+  uint8_t small_class[HAK_TABLE_MAX + 1];
   /* Held by the owner across slab-level slow paths (refill, releasing a
    * slab, collect, exit), so the background purger and fork see the heap
    * consistent. Never taken on a fast path. On the lists' page, which a

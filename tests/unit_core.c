@@ -22,7 +22,10 @@ TEST(every_heap_has_the_class_table_of_small_sizes) {
   free(malloc(1)); /* the thread has a heap */
   REQUIRE(hak_tls_heap != HAK_HEAP_EMPTY);
   CHECK(memcmp(hak_tls_heap->small_class, hak_heap_empty.small_class, sizeof hak_heap_empty.small_class) == 0);
-  CHECK(hak_tls_heap->small_class[HAK_SMALL_MAX] == HAK_SMALL_CLASSES - 1);
+  /* it ends on a class boundary, past the small classes */
+  CHECK(hak_class_size[hak_size_class(HAK_TABLE_MAX)] == HAK_TABLE_MAX);
+  CHECK(hak_tls_heap->small_class[HAK_TABLE_MAX] == hak_size_class(HAK_TABLE_MAX));
+  CHECK(hak_tls_heap->small_class[HAK_TABLE_MAX] == HAK_SMALL_CLASSES);
 }
 
 TEST(class_is_smallest_fitting) {
@@ -33,7 +36,7 @@ TEST(class_is_smallest_fitting) {
               hak_class_size[cls]);
     if (cls > 0)
       CHECK_MSG(hak_class_size[cls - 1] < (size ? size : 1), "size %zu not smallest", size);
-    if (size <= HAK_SMALL_MAX)
+    if (size <= HAK_TABLE_MAX)
       CHECK_MSG(hak_heap_empty.small_class[size] == cls, "size %zu: the heaps' table says %u", size,
                 hak_heap_empty.small_class[size]);
     if (th_failed_here > 5) return;

@@ -6,7 +6,7 @@ usage: tools/gen_class_tables.py fast|small   (prints the .inc to stdout)
   fast  src/class_table.inc: entry i is the class of 16*i bytes,
         i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, sizes over 1 KiB)
   small src/small_class_table.inc: entry s is the class of s bytes,
-        s = 0 .. HAK_SMALL_MAX (every heap's small_class, which malloc
+        s = 0 .. HAK_TABLE_MAX (every heap's small_class, which malloc
         reads first)
 
 The class of a size is the smallest class whose block holds it (size 0 as
@@ -53,9 +53,9 @@ def main():
                 " * unit_core.class_is_smallest_fitting checks every size against it. */" % last)
         values, per_line = [cls(16 * i) for i in range(last + 1)], 16
     else:
-        last = constant(types, "HAK_SMALL_MAX")
+        last = constant(types, "HAK_TABLE_MAX")
         head = ("/* Generated from hak_class_size by tools/gen_class_tables.py: entry s is\n"
-                " * the smallest class whose block holds s bytes, s = 0..HAK_SMALL_MAX.\n"
+                " * the smallest class whose block holds s bytes, s = 0..HAK_TABLE_MAX.\n"
                 " * unit_core.class_is_smallest_fitting checks every size against it. */")
         values, per_line = [cls(s) for s in range(last + 1)], 24
     print(head)
