@@ -4,7 +4,7 @@
 usage: tools/gen_class_tables.py fast|small   (prints the .inc to stdout)
 
   fast  src/class_table.inc: entry i is the class of 16*i bytes,
-        i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, sizes over 1 KiB)
+        i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, sizes over HAK_TABLE_MAX)
   small src/small_class_table.inc: entry s is the class of s bytes,
         s = 0 .. HAK_TABLE_MAX (every heap's small_class, which malloc
         reads first)
