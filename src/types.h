@@ -329,6 +329,9 @@ struct hak_heap_s {
   bool parked_empty;    /* parked with none: holds one of heap.c's places for those */
   hak_heap_t *parked_next;
   uint64_t parked_since_ms;
+  /* When a new thread gave up waiting for it to park (hak_clock_ns; 0: none
+   * did): how late it parks then teaches heap.c how long to wait. */
+  _Atomic uint64_t heir_gave_up_ns;
 };
 
 #endif

@@ -3966,6 +3966,7 @@ typedef struct {
   sem_t freeing;
   pthread_t successor;
   bool stays, cancel;
+  unsigned exit_delay_us; /* the creator's pause between the free and its exit */
   atomic_int cancel_sent;
   void *block, *q, *result;
   hak_heap_t *creator, *heap;
@@ -3998,6 +3999,7 @@ static void *hand_over(void *arg) {
     atomic_store(&h->cancel_sent, 1);
   }
   sem_wait(&h->freeing);
+  if (h->exit_delay_us) usleep(h->exit_delay_us);
   if (h->stays) pthread_join(h->successor, &h->result);
   return NULL;
 }
@@ -4029,6 +4031,25 @@ TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
     free(h.q);
   }
   CHECK_MSG(taken, "not in %d tries", tries);
+}
+
+/* A creator that parks 1 ms after its successor's free, 20 times the
+ * wait's first bound: the first successor gives up, and how late the
+ * creator parked then makes the next ones wait long enough. */
+TEST(the_wait_for_the_creators_heap_learns_how_late_creators_park) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  int tries = 0;
+  bool taken = false;
+  for (; tries < 20 && !taken; tries++) {
+    hak_heaps_retire_parked();
+    handover_t h = {.exit_delay_us = 1000};
+    run_handover(&h);
+    taken = h.creator_live && h.heap == h.creator && h.q == h.block;
+    free(h.q);
+  }
+  CHECK_MSG(taken, "not in %d tries", tries);
+  CHECK_MSG(tries > 1, "the first successor waited 1 ms");
 }
 
 /* A creator that lives on (it joins its successor) never parks: the
