@@ -4013,43 +4013,38 @@ static void run_handover(handover_t *h) {
   sem_destroy(&h->freeing);
 }
 
+/* Hand-overs, up to 20, until a successor takes its live creator's heap
+ * (its next malloc of the size returns the block): the tries made, or 0. */
+static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  for (int tries = 1; tries <= 20; tries++) {
+    hak_heaps_retire_parked(); /* none to take but the creator's */
+    handover_t h = {.exit_delay_us = exit_delay_us};
+    run_handover(&h);
+    bool taken = h.creator_live && h.heap == h.creator && h.q == h.block;
+    free(h.q);
+    if (taken) return tries;
+  }
+  return 0;
+}
+
 /* A thread whose first call frees a block of its creator, which is about
  * to exit, waits for the creator's heap to park and takes it, when no heap
  * is parked: its next malloc of the size returns the block. Up to 20
  * tries, for one whose creator could not run within the wait; a try where
  * the creator had parked before the free proves nothing. */
 TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
-  hak_opt.purge_delay_ms = 100000;
-  start_purger();
-  int tries = 0;
-  bool taken = false;
-  for (; tries < 20 && !taken; tries++) {
-    hak_heaps_retire_parked(); /* none to take but the creator's */
-    handover_t h = {0};
-    run_handover(&h);
-    taken = h.creator_live && h.heap == h.creator && h.q == h.block;
-    free(h.q);
-  }
-  CHECK_MSG(taken, "not in %d tries", tries);
+  CHECK_MSG(tries_until_the_creators_heap_is_taken(0) != 0, "not in 20 tries");
 }
 
 /* A creator that parks 1 ms after its successor's free, 20 times the
  * wait's first bound: the first successor gives up, and how late the
  * creator parked then makes the next ones wait long enough. */
 TEST(the_wait_for_the_creators_heap_learns_how_late_creators_park) {
-  hak_opt.purge_delay_ms = 100000;
-  start_purger();
-  int tries = 0;
-  bool taken = false;
-  for (; tries < 20 && !taken; tries++) {
-    hak_heaps_retire_parked();
-    handover_t h = {.exit_delay_us = 1000};
-    run_handover(&h);
-    taken = h.creator_live && h.heap == h.creator && h.q == h.block;
-    free(h.q);
-  }
-  CHECK_MSG(taken, "not in %d tries", tries);
-  CHECK_MSG(tries > 1, "the first successor waited 1 ms");
+  int tries = tries_until_the_creators_heap_is_taken(1000);
+  CHECK_MSG(tries != 0, "not in 20 tries");
+  CHECK_MSG(tries != 1, "the first successor waited 1 ms");
 }
 
 /* A creator that lives on (it joins its successor) never parks: the
