@@ -38,7 +38,7 @@ $(1)/obj/%.o: src/%.c $(HDRS) | $(1)/obj
 $(1)/obj:
 	mkdir -p $$@
 $(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
-	$$(CC) -shared -Wl,-soname,libhakmem.so -Wl,-z,nodelete -o $$@ $$^ $(LDLIBS_LIB)
+	$$(CC) -shared -Wl,-soname,libhakmem.so -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$^ $(LDLIBS_LIB)
 $(1)/libhakmem.a: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
 	rm -f $$@ && ar rcs $$@ $$^
 endef

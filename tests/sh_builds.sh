@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The other builds under the same workloads: the C suites and two
-# cross-thread benchmarks run with build/secure (hardened) and build/stats
-# (exact counters) and the release flags built by clang preloaded over the
-# linked release library, and the release archive linked statically into a
-# program, which also runs set-user-ID for another user. Each suite's lines are renamed
-# <build>.<suite>.<test>.
+# cross-thread benchmarks run with build/secure (hardened), build/stats (exact
+# counters) and build/clang (the release flags built by clang, with LDFLAGS)
+# preloaded over the linked release library, and the release archive linked
+# statically into a program, which also runs set-user-ID for another user.
+# Each suite's lines are renamed <build>.<suite>.<test>.
 set -u
 SUITE=builds
 . "$(dirname "$0")/lib.sh"
@@ -27,14 +27,19 @@ done
 for bin in test_stress test_threads test_hakapi; do
   run_suite stats "$bin"
 done
-# The release flags under clang: the library it builds passes the same C
-# suites, preloaded.
-if out=$(make -s BUILD="$B/clang" CC=clang release 2>&1); then
+# The release flags under clang, linked with a packager's LDFLAGS (binding
+# every symbol at load): the library passes the same C suites, preloaded.
+# Relinked each time, as a library linked without the flag looks up to date.
+rm -f "$B/clang/libhakmem.so"
+if ! out=$(make -s BUILD="$B/clang" CC=clang LDFLAGS=-Wl,-z,now release 2>&1); then
+  bad clang.build "make CC=clang release failed (apt-get install clang): $(grep -m3 -iE 'error|not found' <<< "$out" | tr '\n' ' ')"
+elif ! readelf -d "$B/clang/libhakmem.so" | grep -q BIND_NOW; then
+  bad clang.ldflags "LDFLAGS=-Wl,-z,now did not reach the library's link: no BIND_NOW in its dynamic section"
+else
+  ok clang.ldflags "the library binds now"
   for bin in test_api test_early test_stress test_threads test_cxx test_misuse test_hakapi test_introspect; do
     run_suite clang "$bin"
   done
-else
-  bad clang.build "make CC=clang release failed (apt-get install clang): $(grep -m3 -iE 'error|not found' <<< "$out" | tr '\n' ' ')"
 fi
 # The release archive linked into a program (README): its malloc and free
 # are hakmem's, with no preload. The block escapes through a volatile, or
