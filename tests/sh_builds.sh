@@ -3,8 +3,9 @@
 # cross-thread benchmarks run with build/secure (hardened), build/stats (exact
 # counters) and build/clang (the release flags built by clang, with LDFLAGS)
 # preloaded over the linked release library, and the release archive linked
-# statically into a program, which also runs set-user-ID for another user.
-# Each suite's lines are renamed <build>.<suite>.<test>.
+# statically into a program, which also runs set-user-ID for another user,
+# and built against `make install`'s files with pkg-config. Each suite's
+# lines are renamed <build>.<suite>.<test>.
 set -u
 SUITE=builds
 . "$(dirname "$0")/lib.sh"
@@ -97,6 +98,39 @@ else
   else
     ok $setuid_check "root's file kept; run by root, it wrote its statistics"
   fi
+fi
+rm -rf "$d"
+# `make install` into a package's root (DESTDIR), and the same program built
+# with the flags of the installed hakmem.pc: linked to the shared library,
+# and to the archive with the static flags.
+d=$(mktemp -d)
+if ! out=$(make -s install BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
+  bad install "make install failed: $out"
+elif ! command -v pkg-config >/dev/null; then
+  bad install.pkg_config "needs pkg-config (apt-get install pkgconf)"
+else
+  export PKG_CONFIG_SYSROOT_DIR="$d" PKG_CONFIG_PATH="$d/usr/lib/pkgconfig"
+  for how in shared static; do
+    if [ $how = shared ]; then
+      flags=$(pkg-config --cflags --libs hakmem) && flags="$flags -Wl,-rpath,$d/usr/lib"
+    else
+      flags="$(pkg-config --cflags hakmem) -Wl,-Bstatic $(pkg-config --static --libs hakmem) -Wl,-Bdynamic"
+    fi
+    # shellcheck disable=SC2086 # flags are words
+    if out=$(${CC:-cc} -O2 -o "$d/prog" "$B/tests/static_link.c" $flags 2>&1) &&
+        libs=$(ldd "$d/prog") && out=$(env -u LD_PRELOAD "$d/prog" 2>&1); then
+      if [ $how = shared ] && ! grep -q "libhakmem.so => $d/usr/lib/libhakmem.so" <<< "$libs"; then
+        bad install.pkg_config_$how "the program did not load the installed library: $libs"
+      elif [ $how = static ] && grep -q libhakmem <<< "$libs"; then
+        bad install.pkg_config_$how "the program loads a shared hakmem: $libs"
+      else
+        ok install.pkg_config_$how "large blocks live before, during, after: $out"
+      fi
+    else
+      bad install.pkg_config_$how "${CC:-cc} ... $flags: $out"
+    fi
+  done
+  unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
 fi
 rm -rf "$d"
 for build in secure stats; do
