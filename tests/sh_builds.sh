@@ -100,9 +100,9 @@ else
   fi
 fi
 rm -rf "$d"
-# `make install` into a package's root (DESTDIR), and the same program built
-# with the flags of the installed hakmem.pc: linked to the shared library,
-# and to the archive with the static flags.
+# `make install` into a package's root (DESTDIR), the same program built
+# with the flags of the installed hakmem.pc (linked to the shared library,
+# and to the archive with the static flags), then `make uninstall`.
 d=$(mktemp -d)
 if ! out=$(make -s install BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
   bad install "make install failed: $out"
@@ -131,6 +131,13 @@ else
     fi
   done
   unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
+  rm -f "$d/prog"
+  left=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1 && find "$d" -type f)
+  if [ -z "$left" ]; then
+    ok install.uninstall "no file left"
+  else
+    bad install.uninstall "left: $(tr '\n' ' ' <<< "$left")"
+  fi
 fi
 rm -rf "$d"
 for build in secure stats; do
