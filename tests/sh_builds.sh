@@ -132,11 +132,12 @@ else
   done
   unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
   rm -f "$d/prog"
-  left=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1 && find "$d" -type f)
-  if [ -z "$left" ]; then
-    ok install.uninstall "no file left"
-  else
+  if ! out=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
+    bad install.uninstall "make uninstall failed: $out"
+  elif left=$(find "$d" -type f) && [ -n "$left" ]; then
     bad install.uninstall "left: $(tr '\n' ' ' <<< "$left")"
+  else
+    ok install.uninstall "no file left"
   fi
 fi
 rm -rf "$d"
