@@ -111,23 +111,22 @@ elif ! command -v pkg-config >/dev/null; then
 else
   export PKG_CONFIG_SYSROOT_DIR="$d" PKG_CONFIG_PATH="$d/usr/lib/pkgconfig"
   for how in shared static; do
+    # the library the program loads: the installed one, or none
     if [ $how = shared ]; then
-      flags=$(pkg-config --cflags --libs hakmem) && flags="$flags -Wl,-rpath,$d/usr/lib"
+      flags="$(pkg-config --cflags --libs hakmem) -Wl,-rpath,$d/usr/lib"
+      want="libhakmem.so => $d/usr/lib/libhakmem.so"
     else
       flags="$(pkg-config --cflags hakmem) -Wl,-Bstatic $(pkg-config --static --libs hakmem) -Wl,-Bdynamic"
+      want=
     fi
     # shellcheck disable=SC2086 # flags are words
-    if out=$(${CC:-cc} -O2 -o "$d/prog" "$B/tests/static_link.c" $flags 2>&1) &&
-        libs=$(ldd "$d/prog") && out=$(env -u LD_PRELOAD "$d/prog" 2>&1); then
-      if [ $how = shared ] && ! grep -q "libhakmem.so => $d/usr/lib/libhakmem.so" <<< "$libs"; then
-        bad install.pkg_config_$how "the program did not load the installed library: $libs"
-      elif [ $how = static ] && grep -q libhakmem <<< "$libs"; then
-        bad install.pkg_config_$how "the program loads a shared hakmem: $libs"
-      else
-        ok install.pkg_config_$how "large blocks live before, during, after: $out"
-      fi
-    else
+    if ! out=$(${CC:-cc} -O2 -o "$d/prog" "$B/tests/static_link.c" $flags 2>&1 &&
+        env -u LD_PRELOAD "$d/prog" 2>&1); then
       bad install.pkg_config_$how "${CC:-cc} ... $flags: $out"
+    elif loads=$(ldd "$d/prog" | grep -o 'libhakmem[^ ]* => [^ ]*'); [ "$loads" != "$want" ]; then
+      bad install.pkg_config_$how "the program loads '${loads:-no hakmem}', not '${want:-no hakmem}'"
+    else
+      ok install.pkg_config_$how "large blocks live before, during, after: $out"
     fi
   done
   unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
