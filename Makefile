@@ -5,6 +5,9 @@ CC      ?= gcc
 PREFIX  ?= /usr/local
 BUILD   := build
 VERSION := 0.1.0
+# The name programs linked with -lhakmem record: its major version, which
+# changes only with the ABI (include/hakmem.h's HAKMEM_VERSION_MAJOR).
+SONAME  := libhakmem.so.$(firstword $(subst ., ,$(VERSION)))
 
 # segmap.c and large.c last: the order of the library's bss (segmap.c says why).
 LAST_SRCS := src/segmap.c src/large.c
@@ -23,7 +26,7 @@ STATS_CFLAGS   := -O2 -g -DNDEBUG -DHAK_STATS=1 $(CFLAGS)
 SECURE_CFLAGS  := -O2 -DNDEBUG -DHAK_SECURE=1 $(CFLAGS)
 LDLIBS_LIB     := -pthread
 
-.PHONY: all release debug stats secure install uninstall clean demo
+.PHONY: all release debug stats secure install install-lib uninstall clean demo
 
 all: release
 release: $(BUILD)/libhakmem.so $(BUILD)/libhakmem.a
@@ -38,7 +41,8 @@ $(1)/obj/%.o: src/%.c $(HDRS) | $(1)/obj
 $(1)/obj:
 	mkdir -p $$@
 $(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
-	$$(CC) -shared -Wl,-soname,libhakmem.so -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$^ $(LDLIBS_LIB)
+	$$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$^ $(LDLIBS_LIB)
+	ln -sf libhakmem.so $(1)/$(SONAME)
 $(1)/libhakmem.a: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
 	rm -f $$@ && ar rcs $$@ $$^
 endef
@@ -66,16 +70,24 @@ demo: release stats
 	@echo "== $(firstword $(DEMO_CMD)) builds a hash of 200k entries under LD_PRELOAD=$(BUILD)/stats/libhakmem.so"
 	HAKMEM_STATS=1 LD_PRELOAD=$(CURDIR)/$(BUILD)/stats/libhakmem.so $(DEMO_CMD)
 
-install: release
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 755 $(BUILD)/libhakmem.so $(DESTDIR)$(PREFIX)/lib/
+install: release install-lib
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(BUILD)/libhakmem.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/hakmem.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' hakmem.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
 
+# The shared library as a distribution lays it out: the file named by the
+# full version, the soname and the link-time name linked to it.
+install-lib: $(BUILD)/libhakmem.so
+	install -d $(DESTDIR)$(PREFIX)/lib
+	install -m 755 $(BUILD)/libhakmem.so $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(VERSION)
+	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libhakmem.so
+
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/lib/libhakmem.so $(DESTDIR)$(PREFIX)/lib/libhakmem.a \
+	rm -f $(DESTDIR)$(PREFIX)/lib/libhakmem.so $(DESTDIR)$(PREFIX)/lib/$(SONAME) \
+	  $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.a \
 	  $(DESTDIR)$(PREFIX)/include/hakmem.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
 
 # docs/OPTIONS.md is generated from the option table; check-options-doc fails

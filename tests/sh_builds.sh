@@ -114,7 +114,7 @@ else
     # the library the program loads: the installed one, or none
     if [ $how = shared ]; then
       flags="$(pkg-config --cflags --libs hakmem) -Wl,-rpath,$d/usr/lib"
-      want="libhakmem.so => $d/usr/lib/libhakmem.so"
+      want="libhakmem.so.0 => $d/usr/lib/libhakmem.so.0"
     else
       flags="$(pkg-config --cflags hakmem) -Wl,-Bstatic $(pkg-config --static --libs hakmem) -Wl,-Bdynamic"
       want=
@@ -133,7 +133,7 @@ else
   rm -f "$d/prog"
   if ! out=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
     bad install.uninstall "make uninstall failed: $out"
-  elif left=$(find "$d" -type f) && [ -n "$left" ]; then
+  elif left=$(find "$d" ! -type d) && [ -n "$left" ]; then
     bad install.uninstall "left: $(tr '\n' ' ' <<< "$left")"
   else
     ok install.uninstall "no file left"

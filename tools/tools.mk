@@ -2,7 +2,8 @@
 # the top Makefile (BUILD, PREFIX, DESTDIR come from there).
 #   make install-cli   $(PREFIX)/bin/hakmem, $(PREFIX)/lib/hakmem/hakbench.py,
 #                      $(PREFIX)/lib/hakmem/libhakmem-stats.so (the stats build)
-#                      and the release $(PREFIX)/lib/libhakmem.so it runs by default.
+#                      and the release $(PREFIX)/lib/libhakmem.so it runs by default
+#                      (install-lib: the library with its soname's links).
 # `make install` includes it.
 
 CLI_LIBDIR := $(DESTDIR)$(PREFIX)/lib/hakmem
@@ -12,12 +13,11 @@ CLI_LIBDIR := $(DESTDIR)$(PREFIX)/lib/hakmem
 install: install-cli
 uninstall: uninstall-cli
 
-install-cli: $(BUILD)/stats/libhakmem.so $(BUILD)/libhakmem.so
+install-cli: $(BUILD)/stats/libhakmem.so install-lib
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(CLI_LIBDIR)
 	install -m 755 tools/hakmem $(DESTDIR)$(PREFIX)/bin/hakmem
 	install -m 644 tools/hakbench.py $(CLI_LIBDIR)/hakbench.py
 	install -m 755 $(BUILD)/stats/libhakmem.so $(CLI_LIBDIR)/libhakmem-stats.so
-	install -m 755 $(BUILD)/libhakmem.so $(DESTDIR)$(PREFIX)/lib/libhakmem.so
 
 uninstall-cli:
 	rm -f $(DESTDIR)$(PREFIX)/bin/hakmem $(CLI_LIBDIR)/hakbench.py $(CLI_LIBDIR)/libhakmem-stats.so
