@@ -34,14 +34,26 @@ debug:   $(BUILD)/debug/libhakmem.so $(BUILD)/debug/libhakmem.a
 stats:   $(BUILD)/stats/libhakmem.so $(BUILD)/stats/libhakmem.a
 secure:  $(BUILD)/secure/libhakmem.so $(BUILD)/secure/libhakmem.a
 
+# $(1)/flags holds the compiler and flags that build $(1), rewritten only
+# when they change: its objects and libraries depend on it, so that `make
+# CFLAGS=-O0` and then `make` rebuild each time instead of keeping what
+# other flags built. $(2)=the flags.
+define FLAGS_FILE
+$(1)/flags: FORCE | $(1)/obj
+	@printf '%s\n' '$(subst ','"'"',$(2))' | cmp -s - $$@ || printf '%s\n' '$(subst ','"'"',$(2))' > $$@
+endef
+FORCE:
+.PHONY: FORCE
+
 # One rule set per variant: $(1)=output dir, $(2)=flags.
 define VARIANT
-$(1)/obj/%.o: src/%.c $(HDRS) | $(1)/obj
+$(call FLAGS_FILE,$(1),$(CC) $(BASE_CFLAGS) $(2) $(LDFLAGS))
+$(1)/obj/%.o: src/%.c $(HDRS) $(1)/flags | $(1)/obj
 	$$(CC) $(BASE_CFLAGS) $(2) -DHAK_BUILD_FLAGS="\"$$(CC) $(strip $(2))\"" -c $$< -o $$@
 $(1)/obj:
 	mkdir -p $$@
-$(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
-	$$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$^ $(LDLIBS_LIB)
+$(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS)) $(1)/flags
+	$$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$(filter %.o,$$^) $(LDLIBS_LIB)
 	ln -sf libhakmem.so $(1)/$(SONAME)
 $(1)/libhakmem.a: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
 	rm -f $$@ && ar rcs $$@ $$^

@@ -28,7 +28,8 @@ SAN_STRESS_THREADS ?= 8
 
 # $(1)=output dir, $(2)=compiler, $(3)=extra flags, $(4)=sources
 define SAN_LIB
-$(1)/obj/%.o: src/%.c $(HDRS) | $(1)/obj
+$(call FLAGS_FILE,$(1),$(2) $(BASE_CFLAGS) $(3))
+$(1)/obj/%.o: src/%.c $(HDRS) $(1)/flags | $(1)/obj
 	$(2) $(BASE_CFLAGS) $(3) -DHAK_BUILD_FLAGS="\"$(2) $(strip $(3))\"" -c $$< -o $$@
 $(1)/obj:
 	mkdir -p $$@

@@ -30,8 +30,6 @@ for bin in test_stress test_threads test_hakapi; do
 done
 # The release flags under clang, linked with a packager's LDFLAGS (binding
 # every symbol at load): the library passes the same C suites, preloaded.
-# Relinked each time, as a library linked without the flag looks up to date.
-rm -f "$B/clang/libhakmem.so"
 if ! out=$(make -s BUILD="$B/clang" CC=clang LDFLAGS=-Wl,-z,now release 2>&1); then
   bad clang.build "make CC=clang release failed (apt-get install clang): $(grep -m3 -iE 'error|not found' <<< "$out" | tr '\n' ' ')"
 elif ! readelf -d "$B/clang/libhakmem.so" | grep -q BIND_NOW; then
@@ -42,6 +40,26 @@ else
     run_suite clang "$bin"
   done
 fi
+# Flags tracked: a build with other CFLAGS, then one with none, rebuilds
+# the library each time (the flags it was built with are in its text), and
+# a build with nothing changed rebuilds nothing.
+d=$(mktemp -d)
+probe() { strings "$d/libhakmem.so" | grep -c -e -DHAK_FLAGS_PROBE; }
+if ! out=$(make -s BUILD="$d" CFLAGS=-DHAK_FLAGS_PROBE release 2>&1) || [ "$(probe)" != 1 ]; then
+  bad flags.tracked "make CFLAGS=-DHAK_FLAGS_PROBE release: no probe in the library's flags: $out"
+elif ! out=$(make -s BUILD="$d" release 2>&1) || [ "$(probe)" != 0 ]; then
+  bad flags.tracked "make release after a build with other CFLAGS kept the old library: $out"
+else
+  built=$(stat -c %Y.%y "$d/libhakmem.so" "$d"/obj/*.o)
+  sleep 1
+  make -s BUILD="$d" release >/dev/null 2>&1
+  if [ "$(stat -c %Y.%y "$d/libhakmem.so" "$d"/obj/*.o)" != "$built" ]; then
+    bad flags.tracked "make release with nothing changed rebuilt the library"
+  else
+    ok flags.tracked "rebuilt when CFLAGS changed, not when nothing did"
+  fi
+fi
+rm -rf "$d"
 # The release archive linked into a program (README): its malloc and free
 # are hakmem's, with no preload. The block escapes through a volatile, or
 # clang -O2 drops the malloc and free of a block nothing reads.
