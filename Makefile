@@ -3,6 +3,10 @@
 
 CC      ?= gcc
 PREFIX  ?= /usr/local
+# Where make install puts the libraries and the header (a distribution's
+# multiarch directory: LIBDIR=/usr/lib/x86_64-linux-gnu).
+LIBDIR  ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
 BUILD   := build
 VERSION := 0.1.0
 # The name programs linked with -lhakmem record: its major version, which
@@ -82,25 +86,28 @@ demo: release stats
 	@echo "== $(firstword $(DEMO_CMD)) builds a hash of 200k entries under LD_PRELOAD=$(BUILD)/stats/libhakmem.so"
 	HAKMEM_STATS=1 LD_PRELOAD=$(CURDIR)/$(BUILD)/stats/libhakmem.so $(DEMO_CMD)
 
+# hakmem.pc names the directories under ${prefix} when they are.
 install: release install-lib
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 $(BUILD)/libhakmem.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 include/hakmem.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' hakmem.pc.in \
-	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 644 $(BUILD)/libhakmem.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 include/hakmem.h $(DESTDIR)$(INCLUDEDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	  -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|g' \
+	  -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|g' hakmem.pc.in \
+	  > $(DESTDIR)$(LIBDIR)/pkgconfig/hakmem.pc
 
 # The shared library as a distribution lays it out: the file named by the
 # full version, the soname and the link-time name linked to it.
 install-lib: $(BUILD)/libhakmem.so
-	install -d $(DESTDIR)$(PREFIX)/lib
-	install -m 755 $(BUILD)/libhakmem.so $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(VERSION)
-	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
-	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libhakmem.so
+	install -d $(DESTDIR)$(LIBDIR)
+	install -m 755 $(BUILD)/libhakmem.so $(DESTDIR)$(LIBDIR)/libhakmem.so.$(VERSION)
+	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhakmem.so
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/lib/libhakmem.so $(DESTDIR)$(PREFIX)/lib/$(SONAME) \
-	  $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.a \
-	  $(DESTDIR)$(PREFIX)/include/hakmem.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
+	rm -f $(DESTDIR)$(LIBDIR)/libhakmem.so $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libhakmem.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libhakmem.a \
+	  $(DESTDIR)$(INCLUDEDIR)/hakmem.h $(DESTDIR)$(LIBDIR)/pkgconfig/hakmem.pc
 
 # docs/OPTIONS.md is generated from the option table; check-options-doc fails
 # when it is stale (run by `make test`).

@@ -118,21 +118,23 @@ else
   fi
 fi
 rm -rf "$d"
-# `make install` into a package's root (DESTDIR), the same program built
-# with the flags of the installed hakmem.pc (linked to the shared library,
-# and to the archive with the static flags), then `make uninstall`.
+# `make install` into a package's root (DESTDIR), the libraries in a
+# multiarch directory, the same program built with the flags of the
+# installed hakmem.pc (linked to the shared library, and to the archive with
+# the static flags), then `make uninstall`.
 d=$(mktemp -d)
-if ! out=$(make -s install BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
+lib=/usr/lib/x86_64-linux-gnu
+if ! out=$(make -s install BUILD="$B" DESTDIR="$d" PREFIX=/usr LIBDIR=$lib 2>&1); then
   bad install "make install failed: $out"
 elif ! command -v pkg-config >/dev/null; then
   bad install.pkg_config "needs pkg-config (apt-get install pkgconf)"
 else
-  export PKG_CONFIG_SYSROOT_DIR="$d" PKG_CONFIG_PATH="$d/usr/lib/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$d" PKG_CONFIG_PATH="$d$lib/pkgconfig"
   for how in shared static; do
     # the library the program loads: the installed one, or none
     if [ $how = shared ]; then
-      flags="$(pkg-config --cflags --libs hakmem) -Wl,-rpath,$d/usr/lib"
-      want="libhakmem.so.0 => $d/usr/lib/libhakmem.so.0"
+      flags="$(pkg-config --cflags --libs hakmem) -Wl,-rpath,$d$lib"
+      want="libhakmem.so.0 => $d$lib/libhakmem.so.0"
     else
       flags="$(pkg-config --cflags hakmem) -Wl,-Bstatic $(pkg-config --static --libs hakmem) -Wl,-Bdynamic"
       want=
@@ -149,7 +151,7 @@ else
   done
   unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
   rm -f "$d/prog"
-  if ! out=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr 2>&1); then
+  if ! out=$(make -s uninstall BUILD="$B" DESTDIR="$d" PREFIX=/usr LIBDIR=$lib 2>&1); then
     bad install.uninstall "make uninstall failed: $out"
   elif left=$(find "$d" ! -type d) && [ -n "$left" ]; then
     bad install.uninstall "left: $(tr '\n' ' ' <<< "$left")"

@@ -221,6 +221,16 @@ if out=$(make -s install-cli BUILD="$BUILD" PREFIX="$tmp/inst" 2>&1) \
 else
   bad "make install-cli: installed hakmem runs with the installed libraries" "$out"
 fi
+# the libraries in a directory of their own (LIBDIR), which the command is told
+lib="$tmp/inst2/lib/x86_64-linux-gnu"
+if out=$(make -s install-cli BUILD="$BUILD" PREFIX="$tmp/inst2" LIBDIR="$lib" 2>&1) \
+   && out=$("$tmp/inst2/bin/hakmem" run --stats -- "$tmp/prog" inst2 2>&1) \
+   && printf '%s\n' "$out" | grep -q '^Allocations by size class' \
+   && [ "$("$tmp/inst2/bin/hakmem" run -- sh -c 'echo "$LD_PRELOAD"')" = "$lib/libhakmem.so" ]; then
+  ok "make install-cli LIBDIR=...: installed hakmem runs with the libraries in LIBDIR"
+else
+  bad "make install-cli LIBDIR=...: installed hakmem runs with the libraries in LIBDIR" "$out"
+fi
 
 echo "RESULT cli $pass $fail"
 [ "$fail" -eq 0 ]
