@@ -50,10 +50,10 @@ if ! out=$(make -s BUILD="$d" CFLAGS=-DHAK_FLAGS_PROBE release 2>&1) || [ "$(pro
 elif ! out=$(make -s BUILD="$d" release 2>&1) || [ "$(probe)" != 0 ]; then
   bad flags.tracked "make release after a build with other CFLAGS kept the old library: $out"
 else
-  built=$(stat -c %Y.%y "$d/libhakmem.so" "$d"/obj/*.o)
+  built=$(stat -c %y "$d/libhakmem.so" "$d"/obj/*.o)
   sleep 1
   make -s BUILD="$d" release >/dev/null 2>&1
-  if [ "$(stat -c %Y.%y "$d/libhakmem.so" "$d"/obj/*.o)" != "$built" ]; then
+  if [ "$(stat -c %y "$d/libhakmem.so" "$d"/obj/*.o)" != "$built" ]; then
     bad flags.tracked "make release with nothing changed rebuilt the library"
   else
     ok flags.tracked "rebuilt when CFLAGS changed, not when nothing did"
