@@ -211,26 +211,21 @@ out=$("$HAK" --version 2>&1)
 [[ $out == "hakmem 0.1.0 "* ]]
 check "hakmem --version" $? "$out"
 
-# ---- install layout
-if out=$(make -s install-cli BUILD="$BUILD" PREFIX="$tmp/inst" 2>&1) \
-   && out=$("$tmp/inst/bin/hakmem" run --stats -- "$tmp/prog" inst 2>&1) \
-   && printf '%s\n' "$out" | grep -q '^prog done inst$' \
-   && printf '%s\n' "$out" | grep -q '^Allocations by size class' \
-   && [ "$("$tmp/inst/bin/hakmem" run -- sh -c 'echo "$LD_PRELOAD"')" = "$tmp/inst/lib/libhakmem.so" ]; then
-  ok "make install-cli: installed hakmem runs with the installed libraries"
-else
-  bad "make install-cli: installed hakmem runs with the installed libraries" "$out"
-fi
-# the libraries in a directory of their own (LIBDIR), which the command is told
-lib="$tmp/inst2/lib/x86_64-linux-gnu"
-if out=$(make -s install-cli BUILD="$BUILD" PREFIX="$tmp/inst2" LIBDIR="$lib" 2>&1) \
-   && out=$("$tmp/inst2/bin/hakmem" run --stats -- "$tmp/prog" inst2 2>&1) \
-   && printf '%s\n' "$out" | grep -q '^Allocations by size class' \
-   && [ "$("$tmp/inst2/bin/hakmem" run -- sh -c 'echo "$LD_PRELOAD"')" = "$lib/libhakmem.so" ]; then
-  ok "make install-cli LIBDIR=...: installed hakmem runs with the libraries in LIBDIR"
-else
-  bad "make install-cli LIBDIR=...: installed hakmem runs with the libraries in LIBDIR" "$out"
-fi
+# ---- install layout: the libraries in PREFIX/lib, or in a LIBDIR of their
+# own, which the installed command is told
+for inst in "inst" "inst2 lib/x86_64-linux-gnu"; do
+  read -r name libdir <<< "$inst"
+  p="$tmp/$name" what="make install-cli${libdir:+ LIBDIR=PREFIX/$libdir}: installed hakmem runs with its libraries"
+  if out=$(make -s install-cli BUILD="$BUILD" PREFIX="$p" ${libdir:+LIBDIR="$p/$libdir"} 2>&1) \
+     && out=$("$p/bin/hakmem" run --stats -- "$tmp/prog" "$name" 2>&1) \
+     && printf '%s\n' "$out" | grep -q "^prog done $name\$" \
+     && printf '%s\n' "$out" | grep -q '^Allocations by size class' \
+     && [ "$("$p/bin/hakmem" run -- sh -c 'echo "$LD_PRELOAD"')" = "$p/${libdir:-lib}/libhakmem.so" ]; then
+    ok "$what"
+  else
+    bad "$what" "$out"
+  fi
+done
 
 echo "RESULT cli $pass $fail"
 [ "$fail" -eq 0 ]
