@@ -44,10 +44,16 @@ secure:  $(BUILD)/secure/libhakmem.so $(BUILD)/secure/libhakmem.a
 # other flags built. $(2)=the flags.
 define FLAGS_FILE
 $(1)/flags: FORCE | $(1)/obj
-	@printf '%s\n' '$(subst ','"'"',$(2))' | cmp -s - $$@ || printf '%s\n' '$(subst ','"'"',$(2))' > $$@
+	@f='$(subst ','"'"',$(2))'; [ "$$$$f" = "$$$$(cat $$@ 2>/dev/null)" ] || printf '%s\n' "$$$$f" > $$@
 endef
 FORCE:
 .PHONY: FORCE
+
+# The recipe that links a shared library $@ from the objects among its
+# prerequisites, with the soname's link beside it; $(1)=compiler flags (no
+# comma: LDFLAGS, which may have one, are added here).
+link_so = $(CC) -shared $(1) -Wl,-soname,$(SONAME) -Wl,-z,nodelete $(LDFLAGS) -o $@ \
+  $(filter %.o,$^) $(LDLIBS_LIB) && ln -sf libhakmem.so $(@D)/$(SONAME)
 
 # One rule set per variant: $(1)=output dir, $(2)=flags.
 define VARIANT
@@ -57,8 +63,7 @@ $(1)/obj/%.o: src/%.c $(HDRS) $(1)/flags | $(1)/obj
 $(1)/obj:
 	mkdir -p $$@
 $(1)/libhakmem.so: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS)) $(1)/flags
-	$$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,nodelete $(LDFLAGS) -o $$@ $$(filter %.o,$$^) $(LDLIBS_LIB)
-	ln -sf libhakmem.so $(1)/$(SONAME)
+	$$(call link_so)
 $(1)/libhakmem.a: $(patsubst src/%.c,$(1)/obj/%.o,$(SRCS))
 	rm -f $$@ && ar rcs $$@ $$^
 endef
@@ -86,14 +91,15 @@ demo: release stats
 	@echo "== $(firstword $(DEMO_CMD)) builds a hash of 200k entries under LD_PRELOAD=$(BUILD)/stats/libhakmem.so"
 	HAKMEM_STATS=1 LD_PRELOAD=$(CURDIR)/$(BUILD)/stats/libhakmem.so $(DEMO_CMD)
 
-# hakmem.pc names the directories under ${prefix} when they are.
+# hakmem.pc names a directory under ${prefix} when it is.
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 install: release install-lib
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 644 $(BUILD)/libhakmem.a $(DESTDIR)$(LIBDIR)/
 	install -m 644 include/hakmem.h $(DESTDIR)$(INCLUDEDIR)/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	  -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|g' \
-	  -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|g' hakmem.pc.in \
+	  -e 's|@LIBDIR@|$(call pc_dir,$(LIBDIR))|g' -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' \
+	  hakmem.pc.in \
 	  > $(DESTDIR)$(LIBDIR)/pkgconfig/hakmem.pc
 
 # The shared library as a distribution lays it out: the file named by the

@@ -44,8 +44,7 @@ $(eval $(call SAN_LIB,$(BUILD)/san-tsan-debug,$(CLANG),$(SAN_DEBUG) $(TSAN_FLAGS
 $(eval $(call SAN_LIB,$(BUILD)/san-rel,$(CC),-O2 -DNDEBUG $(CFLAGS),$(SAN_SRCS)))
 
 $(BUILD)/ubsan/libhakmem.so: $(patsubst src/%.c,$(BUILD)/ubsan/obj/%.o,$(SRCS))
-	$(CC) -shared $(UBSAN_FLAGS) -Wl,-soname,$(SONAME) -Wl,-z,nodelete -o $@ $^ $(LDLIBS_LIB)
-	ln -sf libhakmem.so $(BUILD)/ubsan/$(SONAME)
+	$(call link_so,$(UBSAN_FLAGS))
 
 # ---- the C suites against the UBSan library ----
 UBSAN_TEST_BIN := $(BUILD)/ubsan/tests

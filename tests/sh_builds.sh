@@ -45,15 +45,16 @@ fi
 # a build with nothing changed rebuilds nothing.
 d=$(mktemp -d)
 probe() { strings "$d/libhakmem.so" | grep -c -e -DHAK_FLAGS_PROBE; }
+built_at() { stat -c %y "$d/libhakmem.so" "$d"/obj/*.o; }
 if ! out=$(make -s BUILD="$d" CFLAGS=-DHAK_FLAGS_PROBE release 2>&1) || [ "$(probe)" != 1 ]; then
   bad flags.tracked "make CFLAGS=-DHAK_FLAGS_PROBE release: no probe in the library's flags: $out"
 elif ! out=$(make -s BUILD="$d" release 2>&1) || [ "$(probe)" != 0 ]; then
   bad flags.tracked "make release after a build with other CFLAGS kept the old library: $out"
 else
-  built=$(stat -c %y "$d/libhakmem.so" "$d"/obj/*.o)
+  built=$(built_at)
   sleep 1
   make -s BUILD="$d" release >/dev/null 2>&1
-  if [ "$(stat -c %y "$d/libhakmem.so" "$d"/obj/*.o)" != "$built" ]; then
+  if [ "$(built_at)" != "$built" ]; then
     bad flags.tracked "make release with nothing changed rebuilt the library"
   else
     ok flags.tracked "rebuilt when CFLAGS changed, not when nothing did"
