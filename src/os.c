@@ -409,24 +409,67 @@ bool hak_os_last_thread(void) {
   return readlink(path, target, sizeof target) < 0 && errno == ENOENT;
 }
 
-/* A failed move leaves the range as it was, except where it spans
- * several mappings (Linux 6.17 on moves them one by one) and one of them
- * refuses (sealed): the first ones moved, which nothing here can undo. */
-static void check_nothing_moved(void *old, size_t size) {
+/* Read from the page table (/proc/self/pagemap: bit 63 present, 62
+ * swapped), not by mincore (page_locked says why). */
+#define PAGEMAP_BATCH 64
+static ssize_t pages_in(void *p, size_t size) { /* -1: unreadable */
+  uint64_t entries[PAGEMAP_BATCH];
+  size_t n = size >> HAK_PAGE_SHIFT, bytes = n * sizeof entries[0], in = 0;
+  off_t at = (off_t)(((uintptr_t)p >> HAK_PAGE_SHIFT) * sizeof entries[0]);
+  if (n > PAGEMAP_BATCH || proc_pread("/proc/self/pagemap", entries, bytes, at) != (ssize_t)bytes)
+    return -1;
+  for (size_t i = 0; i < n; i++) in += (entries[i] >> 62) != 0;
+  return (ssize_t)(in << HAK_PAGE_SHIFT);
+}
+
+size_t hak_os_resident(void *p, size_t size) {
+  ssize_t in = pages_in(p, size);
+  return in < 0 ? size : (size_t)in;
+}
+
+/* A failed move of old leaves it as it was, except where it spans several
+ * mappings (Linux 6.17 on moves them one by one; the program made them by
+ * changing its block's protection) and one refuses (sealed): the first
+ * ones moved, which nothing here can undo. A move that unmaps old leaves a
+ * hole there; one that keeps it mapped, pages in its target, empty before
+ * (a range of no page gives nothing to lose). */
+static void check_nothing_moved(void *old, void *target, size_t size) {
   int err = errno;
-  if (madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM) /* unmapped */
+  bool moved = false;
+  if (target == NULL)
+    moved = madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM;
+  for (size_t at = 0, step = PAGEMAP_BATCH << HAK_PAGE_SHIFT; target != NULL && at < size; at += step)
+    moved |= pages_in((uint8_t *)target + at, size - at < step ? size - at : step) > 0;
+  if (moved)
     hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
   errno = err;
 }
 
+/* A failed move may have unmapped its target first (Linux before 6.17
+ * does, when the source turns out not to move): it is reserved again, or,
+ * if another thread's mmap took it meanwhile, the fault is named. */
+static void check_target_kept(void *target, size_t size) {
+  int err = errno;
+  if (madvise(target, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM &&
+      os_mmap(target, size, PROT_NONE, MAP_FLAGS | MAP_FIXED_NOREPLACE) != target)
+    hak_fatal("hakmem: mremap to %p failed (errno %d) and another mapping took its place", target, err);
+  errno = err;
+}
+
+/* The pages of [old, old + size) move to target, which they replace; old
+ * stays mapped, empty (MREMAP_DONTUNMAP, Linux 5.7 on; before, no move
+ * succeeds and callers copy). Left unmapped until mapped again, old was a
+ * hole that another thread's mmap could take, to see it replaced. */
 static bool move_fixed(void *old, size_t size, void *target) {
   if (is_lock_limited()) return false;
-  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED) return true;
-  check_nothing_moved(old, size);
+  if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, target) != MAP_FAILED)
+    return true;
+  check_nothing_moved(old, target, size);
+  check_target_kept(target, size);
   return false;
 }
 
-/* A range a move left behind is mapped again, empty and inaccessible. */
+/* A range a move emptied is made inaccessible again. */
 static void map_again(void *p, size_t size) {
   if (os_mmap(p, size, PROT_NONE, MAP_FLAGS | MAP_FIXED) == MAP_FAILED)
     hak_fatal("hakmem: mmap(%p, %zu, MAP_FIXED) failed: errno %d", p, size, errno);
@@ -437,17 +480,6 @@ bool hak_os_move(void *old, size_t size, void *target) {
   if (!move_fixed(old, size, target)) return false;
   map_again(old, size);
   return true;
-}
-
-/* Read from the page table (/proc/self/pagemap: bit 63 present, 62
- * swapped), not by mincore (page_locked says why). */
-size_t hak_os_resident(void *p, size_t size) {
-  uint64_t entries[64];
-  size_t n = size >> HAK_PAGE_SHIFT, bytes = n * sizeof entries[0], in = 0;
-  off_t at = (off_t)(((uintptr_t)p >> HAK_PAGE_SHIFT) * sizeof entries[0]);
-  if (n > 64 || proc_pread("/proc/self/pagemap", entries, bytes, at) != (ssize_t)bytes) return size;
-  for (size_t i = 0; i < n; i++) in += (entries[i] >> 62) != 0;
-  return in << HAK_PAGE_SHIFT;
 }
 
 int hak_os_swap(void *a, void *b, void *scratch, size_t size) {
@@ -471,7 +503,7 @@ void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {
   void *p = target ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target)
                    : mremap(old, old_size, new_size, 0);
   if (p == MAP_FAILED) {
-    if (target) check_nothing_moved(old, old_size);
+    if (target) check_nothing_moved(old, NULL, old_size);
     return NULL;
   }
   if (new_size > old_size) hak_stats_mapped(new_size - old_size, true);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
@@ -549,6 +550,65 @@ TEST_T(process_ends_when_its_last_thread_never_allocated, 60) {
 
 TEST_T(process_ends_after_main_pthread_exit_with_no_descriptor_to_open, 60) {
   expect_end_after_main_pthread_exit(last_worker, true);
+}
+
+/* Another thread's mappings are its own: the large blocks' pages, moved
+ * from chunk to chunk of the arena with mremap, left holes the kernel gave
+ * to the next mmap, which the refill replaced (the program's 1 MiB turned
+ * inaccessible, or shared a block's pages). The gaps above the arena are
+ * filled first, so that a hole in it is where the next mmap goes. */
+#define FOREIGN_MAP ((size_t)1 << 20)
+static atomic_bool g_mover_stop;
+static void *move_large_blocks(void *arg) {
+  (void)arg;
+  char *slot[16] = {0};
+  unsigned s = 1;
+  while (!atomic_load(&g_mover_stop)) {
+    s = s * 1103515245u + 12345u;
+    size_t k = (s >> 16) % 16, size = ((size_t)1 << 20) + (s >> 8) % ((size_t)7 << 20);
+    free(slot[k]);
+    if ((slot[k] = malloc(size)) != NULL) memset(slot[k], 1, size);
+  }
+  for (size_t k = 0; k < 16; k++) free(slot[k]);
+  return NULL;
+}
+
+TEST_T(a_mapping_of_the_program_is_never_replaced_by_a_large_blocks_move, 30) {
+  char *probe = malloc(3 << 20);
+  REQUIRE(probe != NULL);
+  uintptr_t arena = (uintptr_t)probe;
+  free(probe);
+  static void *above[4096];
+  size_t n_above = 0;
+  while (n_above < 4096) {
+    void *p = mmap(NULL, FOREIGN_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    if ((uintptr_t)p < arena) {
+      munmap(p, FOREIGN_MAP);
+      break;
+    }
+    above[n_above++] = p;
+  }
+  atomic_store(&g_mover_stop, false);
+  pthread_t mover;
+  REQUIRE(pthread_create(&mover, NULL, move_large_blocks, NULL) == 0);
+  long in_arena = 0, replaced = 0;
+  for (double end = th_now() + 3; th_now() < end && replaced == 0;) {
+    unsigned char *p = mmap(NULL, FOREIGN_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    if ((uintptr_t)p >= arena) { /* in a hole of the arena: a crash here is the fault too */
+      in_arena++;
+      memset(p, 0xab, FOREIGN_MAP);
+      usleep(1000);
+      for (size_t i = 0; i < FOREIGN_MAP; i += 4096) replaced += p[i] != 0xab;
+    }
+    munmap(p, FOREIGN_MAP);
+  }
+  atomic_store(&g_mover_stop, true);
+  pthread_join(mover, NULL);
+  for (size_t i = 0; i < n_above; i++) munmap(above[i], FOREIGN_MAP);
+  CHECK_MSG(replaced == 0, "%ld pages of the program's mapping changed under it (%ld in the arena)",
+            replaced, in_arena);
 }
 
 TEST_MAIN("threads")
