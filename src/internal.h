@@ -86,7 +86,9 @@ bool hak_os_program_is_small(void);              /* holds under HAK_HUGE_PAGES_A
 /* Has the kernel write [p, p + size)'s pages now, in one call instead of a
  * fault each (here 1.5 us a page against 2.0); nothing where it cannot. */
 void hak_os_populate(void *p, size_t size);
-void hak_os_guard(void *p, size_t size, bool on); /* PROT_NONE, or back to read/write */
+/* PROT_NONE (false if refused: a mapping split past the kernel's limit), or
+ * back to read/write */
+bool hak_os_guard(void *p, size_t size, bool on);
 /* Address space only, inaccessible (not charged, and not faulted in by
  * mlockall; unlocked under a limit of locked memory, hak_os_commit),
  * aligned to align; NULL on failure. */

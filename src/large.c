@@ -1100,7 +1100,7 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
     errno = ENOMEM;
     return NULL;
   }
-  if (HAK_GUARD_PAGES) hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
+  bool guarded = !HAK_GUARD_PAGES || hak_os_guard((uint8_t *)seg + offset - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
   seg->large_size = seg->map_size - offset;
   seg->grown = grown;
   hak_slab_set_state(&seg->slabs[0], HAK_SLAB_ACTIVE);
@@ -1109,9 +1109,16 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
     HAK_STAT_ADD(large_bytes, seg->large_size);
   }
   void *p = (uint8_t *)seg + offset;
+  HAK_CSTAT_ALLOC(HAK_CLASSES, size);
+  /* The guard page splits a mapping: refused when the process has as many
+   * as the kernel allows (vm.max_map_count), the block goes back. */
+  if (HAK_UNLIKELY(!guarded)) {
+    hak_large_free(seg);
+    errno = ENOMEM;
+    return NULL;
+  }
   if (zero && !seg->fresh) memset(p, 0, size);
   seg->fresh = 0;
-  HAK_CSTAT_ALLOC(HAK_CLASSES, size);
   HAK_SLOW_END();
   return p;
 }

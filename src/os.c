@@ -288,8 +288,10 @@ bool hak_os_decommit(void *p, size_t size) {
   return done;
 }
 
-void hak_os_guard(void *p, size_t size, bool on) {
-  protect(p, size, on ? PROT_NONE : PROT_READ | PROT_WRITE);
+bool hak_os_guard(void *p, size_t size, bool on) {
+  if (on) return mprotect(p, size, PROT_NONE) == 0; /* refused where it splits a mapping past the limit */
+  protect(p, size, PROT_READ | PROT_WRITE);
+  return true;
 }
 
 uint64_t hak_clock_ns(void) {

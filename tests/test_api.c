@@ -118,6 +118,30 @@ TEST(live_blocks_do_not_overlap) {
   for (int i = 0; i < N; i++) free(p[i]);
 }
 
+/* Past the kernel's limit of mappings (vm.max_map_count, 65,530 by
+ * default: the hardened build's guard page splits one per large block), a
+ * large malloc fails with ENOMEM (it aborted), and a block freed serves
+ * again. 40,000 blocks of 1.1 MiB: address space only, never written. */
+TEST_T(large_blocks_past_the_map_limit_fail_with_enomem_then_serve_again, 60) {
+  enum { N = 40000 };
+  static void *blocks[N];
+  size_t size = 1100 << 10;
+  int n = 0, err = 0;
+  for (; n < N; n++) {
+    errno = 0;
+    if ((blocks[n] = malloc(size)) == NULL) {
+      err = errno;
+      break;
+    }
+  }
+  CHECK_MSG(n == N || err == ENOMEM, "malloc failed after %d blocks with errno %d", n, err);
+  if (n > 0) free(blocks[--n]);
+  void *again = malloc(size);
+  CHECK_MSG(again != NULL, "no block after one of %d was freed", n + 1);
+  free(again);
+  while (n > 0) free(blocks[--n]);
+}
+
 TEST(malloc_size_max_fails_with_enomem) {
   errno = 0;
   void *p = malloc(opaque(SIZE_MAX));
