@@ -694,6 +694,14 @@ void *hak_heap_refill(size_t size, hak_heap_t *heap, size_t cls) {
  * releases its slabs, and the purger returns the memory even though the
  * thread makes no further call. */
 void hak_slab_emptied(hak_heap_t *heap, hak_slab_t *slab) {
+  /* A thread with no heap freed a slab's last block as its owner: the slab
+   * is of a heap that a dead thread, whose pointer this one reuses, made
+   * after its exit handler ran (a malloc in the last round of destructors).
+   * The heap this thread takes now retires that one (heap_install). */
+  if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY)) {
+    hak_heap_get();
+    return;
+  }
   if (slab_attached(slab)) { /* used is not a count */
     slab->used = HAK_USED_ATTACHED;
     return;

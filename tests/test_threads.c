@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -551,6 +552,57 @@ TEST_T(process_ends_when_its_last_thread_never_allocated, 60) {
 TEST_T(process_ends_after_main_pthread_exit_with_no_descriptor_to_open, 60) {
   expect_end_after_main_pthread_exit(last_worker, true);
 }
+
+/* A malloc in the last round of a thread's key destructors, after
+ * hakmem's exit handler ran for it, makes a heap that no handler retires.
+ * The next thread, on the same stack (glibc keeps it), has the same thread
+ * pointer: its first call, the free of that heap's block, passed the
+ * owner's test, and emptying the slab died of SIGSEGV (it locked the
+ * read-only empty heap). With a trim first, the slab is detached. */
+static pthread_key_t g_late_key;
+static void *volatile g_late_block, *volatile g_late_tp[2];
+static bool g_late_trim;
+static void allocate_in_the_last_round(void *round) {
+  if ((long)round < PTHREAD_DESTRUCTOR_ITERATIONS) {
+    pthread_setspecific(g_late_key, (void *)((long)round + 1));
+    return;
+  }
+  static void *b[3000];
+  for (int i = 0; i < 3000; i++) b[i] = malloc(48);
+  g_late_block = b[0];
+  for (int i = 1; i < 3000; i++) free(b[i]);
+  if (g_late_trim) malloc_trim(0);
+}
+static void *arm_late_malloc(void *arg) {
+  (void)arg;
+  g_late_tp[0] = __builtin_thread_pointer();
+  free(malloc(100));
+  pthread_setspecific(g_late_key, (void *)1L);
+  return NULL;
+}
+static void *free_first(void *arg) {
+  (void)arg;
+  g_late_tp[1] = __builtin_thread_pointer();
+  free(g_late_block);
+  free(malloc(48));
+  return NULL;
+}
+static void free_a_block_of_the_last_round(bool trim) {
+  g_late_trim = trim;
+  REQUIRE(pthread_key_create(&g_late_key, allocate_in_the_last_round) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, arm_late_malloc, NULL) == 0 && pthread_join(t, NULL) == 0);
+  REQUIRE(g_late_block != NULL);
+  REQUIRE(pthread_create(&t, NULL, free_first, NULL) == 0 && pthread_join(t, NULL) == 0);
+  CHECK_MSG(g_late_tp[0] == g_late_tp[1], "the second thread did not reuse the first's stack");
+  void *p = malloc(48);
+  CHECK(p != NULL);
+  free(p);
+}
+TEST_T(a_new_threads_first_free_of_a_block_from_a_dead_threads_last_destructor, 20) {
+  free_a_block_of_the_last_round(false);
+}
+TEST_T(a_new_threads_first_free_of_a_trimmed_block_from_a_dead_threads_last_destructor, 20) { free_a_block_of_the_last_round(true); }
 
 /* Another thread's mappings are its own: the large blocks' pages, moved
  * from chunk to chunk of the arena with mremap, left holes the kernel gave
