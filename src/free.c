@@ -42,20 +42,23 @@ void hak_check_block(hak_segment_t *seg, hak_slab_t *slab, const void *p) {
 
 /* Hands first .. last, blocks of slab linked in that order, to its remote
  * list. A segment with no owner is the purger's to see to; start: whether
- * the purger may be started here (no lock held, not in a fork handler). */
+ * the purger may be started here (no lock held, not in a fork handler).
+ * The slab and its segment are read before: once the blocks are on the
+ * list, the owner may take them, free the slab and unmap the segment
+ * while this thread waits to run (a heap, pooled, stays mapped). */
 static void hand_over(hak_slab_t *slab, hak_block_t *first, hak_block_t *last, bool start) {
+  hak_heap_t *owner = atomic_load_explicit(&hak_segment_of_slab(slab)->heap, memory_order_relaxed);
+  bool full = hak_slab_state(slab) == HAK_SLAB_FULL;
   hak_block_t *head = atomic_load_explicit(&slab->remote, memory_order_relaxed);
   do {
     hak_set_next(last, head);
   } while (!atomic_compare_exchange_weak_explicit(&slab->remote, &head, first,
                                                   memory_order_release, memory_order_relaxed));
-  /* A FULL slab is off its owner's queues: tell the owner to look. */
-  hak_heap_t *owner = atomic_load_explicit(&hak_segment_of_slab(slab)->heap, memory_order_relaxed);
   if (owner == NULL) {
     hak_purge_wake();
     if (start) hak_purge_start();
-  } else if (hak_slab_state(slab) == HAK_SLAB_FULL &&
-             atomic_exchange(&owner->full_remote, 1) == 0) {
+  } else if (full && atomic_exchange(&owner->full_remote, 1) == 0) {
+    /* A FULL slab is off its owner's queues: tell the owner to look. */
     hak_purge_wake(); /* the owner may be idle: hak_slab_release_idle_full */
   }
 }
