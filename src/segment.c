@@ -386,13 +386,13 @@ static hak_segment_t *segment_new(void) {
   }
   if (seg == NULL) return NULL;
   if (strict) seg->reserved_from = HAK_UNIT_SIZE;
-  if (!hak_segmap_open(seg, HAK_SEG_SIZE)) {
+  /* the guard page is refused past the kernel's limit of mappings */
+  if ((HAK_GUARD_PAGES && !hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true)) ||
+      !hak_segmap_open(seg, HAK_SEG_SIZE)) {
     hak_os_unmap(seg, HAK_SEG_SIZE);
     return NULL;
   }
   HAK_STAT_ADD(segments, 1);
-  if (HAK_GUARD_PAGES)
-    hak_os_guard((uint8_t *)seg + HAK_SEG_HEADER - HAK_PAGE_SIZE, HAK_PAGE_SIZE, true);
   hak_segmap_set(seg, HAK_SEGMAP_SLABS);
   return seg;
 }
