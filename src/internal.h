@@ -140,8 +140,9 @@ bool hak_os_read_only(void *p, size_t size);
 bool hak_os_decommit(void *p, size_t size);
 /* Moves size bytes of pages to target (replacing what is there) and maps
  * the old range again, empty and inaccessible; false (nothing done) on
- * failure. */
-bool hak_os_move(void *old, size_t size, void *target);
+ * failure. live: the pages hold a block, and target none; a move that
+ * fails part way then aborts, naming the fault. */
+bool hak_os_move(void *old, size_t size, void *target, bool live);
 /* The pages of a and b trade places, through scratch (reserved, unused,
  * mapped again empty as hak_os_move does): 2 if they did, 1 if a took b's
  * but its own could not go to b (left empty), 0 (nothing moved) if the

@@ -655,8 +655,8 @@ static void accessible_moved(size_t from, size_t to_chunk) {
 
 /* Moves chunk from's pages to `to` (chunk to_chunk's address, or a
  * segment's when to_chunk is SIZE_MAX); from is left empty. */
-static bool chunk_move(size_t from, void *to, size_t to_chunk) {
-  if (!hak_os_move(chunk_addr(from), GRAIN, to)) return false;
+static bool chunk_move(size_t from, void *to, size_t to_chunk, bool live) {
+  if (!hak_os_move(chunk_addr(from), GRAIN, to, live)) return false;
   accessible_moved(from, to_chunk);
   return true;
 }
@@ -692,7 +692,7 @@ static void chunk_fill(size_t k, size_t need) {
   }
   /* else the donor is left all zero */
   if (swapped == 1) accessible_moved(donor, k);
-  else if (!chunk_move(donor, chunk_addr(k), k)) return;
+  else if (!chunk_move(donor, chunk_addr(k), k, false)) return;
   tab.dirt[k] = tab.dirt[donor];
   chunk_forget(donor);
   hak_stats_mapped(GRAIN, false);
@@ -710,7 +710,7 @@ unsigned hak_large_donate_segment(void *seg) {
   for (size_t i = 0; arena != NULL && i < HAK_SEG_SIZE / GRAIN; i++) {
     size_t donor = donor_for(GRAIN, DONATE_MIN);
     if (donor == SIZE_MAX) break;
-    if (!chunk_commit(donor, GRAIN) || !chunk_move(donor, (uint8_t *)seg + i * GRAIN, SIZE_MAX))
+    if (!chunk_commit(donor, GRAIN) || !chunk_move(donor, (uint8_t *)seg + i * GRAIN, SIZE_MAX, false))
       continue;
     chunk_forget(donor);
     hak_stats_mapped(GRAIN, false);
@@ -845,12 +845,12 @@ static hak_segment_t *arena_resize(hak_segment_t *seg, size_t new_map) {
    * its own (see chunk_fill) */
   size_t old_map = seg->map_size; /* seg's page moves with chunk 0 */
   for (size_t k = 0; k < n; k++) {
-    if (!chunk_move(i + k, chunk_addr(j + k), j + k)) {
+    if (!chunk_move(i + k, chunk_addr(j + k), j + k, true)) {
       /* A chunk is more than one mapping that the kernel cannot move
        * together (a page the program sealed, or before Linux 6.17 locked or
        * protected): the chunks moved go back, and the caller copies. */
       while (k-- > 0) {
-        if (!chunk_move(j + k, chunk_addr(i + k), i + k))
+        if (!chunk_move(j + k, chunk_addr(i + k), i + k, true))
           hak_fatal("hakmem: mremap back to %p failed: errno %d", chunk_addr(i + k), errno);
         tab.dirt[i + k] = tab.dirt[j + k];
         tab.dirt[j + k] = 0;

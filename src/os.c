@@ -461,12 +461,14 @@ static void check_target_kept(void *target, size_t size) {
 /* The pages of [old, old + size) move to target, which they replace; old
  * stays mapped, empty (MREMAP_DONTUNMAP, Linux 5.7 on; before, no move
  * succeeds and callers copy). Left unmapped until mapped again, old was a
- * hole that another thread's mmap could take, to see it replaced. */
-static bool move_fixed(void *old, size_t size, void *target) {
+ * hole that another thread's mmap could take, to see it replaced. live:
+ * the pages hold a block, and target none (free pages moved in part lose
+ * nothing; a target that had pages would look moved to). */
+static bool move_fixed(void *old, size_t size, void *target, bool live) {
   if (is_lock_limited()) return false;
   if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, target) != MAP_FAILED)
     return true;
-  check_nothing_moved(old, target, size);
+  if (live) check_nothing_moved(old, target, size);
   check_target_kept(target, size);
   return false;
 }
@@ -478,22 +480,22 @@ static void map_again(void *p, size_t size) {
   no_huge_pages_while_small(p, size);
 }
 
-bool hak_os_move(void *old, size_t size, void *target) {
-  if (!move_fixed(old, size, target)) return false;
+bool hak_os_move(void *old, size_t size, void *target, bool live) {
+  if (!move_fixed(old, size, target, live)) return false;
   map_again(old, size);
   return true;
 }
 
 int hak_os_swap(void *a, void *b, void *scratch, size_t size) {
-  if (!move_fixed(a, size, scratch)) return 0;
-  if (!move_fixed(b, size, a)) {
-    if (!move_fixed(scratch, size, a))
+  if (!move_fixed(a, size, scratch, false)) return 0;
+  if (!move_fixed(b, size, a, false)) {
+    if (!move_fixed(scratch, size, a, false))
       hak_fatal("hakmem: mremap back to %p failed: errno %d", a, errno);
     map_again(scratch, size);
     return 0;
   }
   int traded = 2;
-  if (!move_fixed(scratch, size, b)) { /* a's pages are dropped */
+  if (!move_fixed(scratch, size, b, false)) { /* a's pages are dropped */
     map_again(b, size);
     traded = 1;
   }
