@@ -432,18 +432,25 @@ size_t hak_os_resident(void *p, size_t size) {
 /* A failed move of old leaves it as it was, except where it spans several
  * mappings (Linux 6.17 on moves them one by one; the program made them by
  * changing its block's protection) and one refuses (sealed): the first
- * ones moved, which nothing here can undo. A move that unmaps old leaves a
- * hole there; one that keeps it mapped, pages in its target, empty before
- * (a range of no page gives nothing to lose). */
-static void check_nothing_moved(void *old, void *target, size_t size) {
+ * ones moved, which nothing here can undo, and the fault is named. */
+static __attribute__((noreturn)) void moved_in_part(void *old, size_t size, int err) {
+  hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
+}
+
+/* A move that unmaps old moved part of it if its start is a hole. */
+static void check_old_kept(void *old, size_t size) {
   int err = errno;
-  bool moved = false;
-  if (target == NULL)
-    moved = madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM;
-  for (size_t at = 0, step = PAGEMAP_BATCH << HAK_PAGE_SHIFT; target != NULL && at < size; at += step)
-    moved |= pages_in((uint8_t *)target + at, size - at < step ? size - at : step) > 0;
-  if (moved)
-    hak_fatal("hakmem: mremap(%p, %zu) moved part of the range and failed: errno %d", old, size, err);
+  if (madvise(old, HAK_PAGE_SIZE, MADV_NORMAL) != 0 && errno == ENOMEM) moved_in_part(old, size, err);
+  errno = err;
+}
+
+/* A move that keeps old mapped moved part of it if its target, empty
+ * before, has pages (a range of no page gives nothing to lose). */
+static void check_target_empty(void *old, void *target, size_t size) {
+  int err = errno;
+  for (size_t at = 0, step = PAGEMAP_BATCH << HAK_PAGE_SHIFT; at < size; at += step)
+    if (pages_in((uint8_t *)target + at, size - at < step ? size - at : step) > 0)
+      moved_in_part(old, size, err);
   errno = err;
 }
 
@@ -468,7 +475,7 @@ static bool move_fixed(void *old, size_t size, void *target, bool live) {
   if (is_lock_limited()) return false;
   if (mremap(old, size, size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, target) != MAP_FAILED)
     return true;
-  if (live) check_nothing_moved(old, target, size);
+  if (live) check_target_empty(old, target, size);
   check_target_kept(target, size);
   return false;
 }
@@ -507,7 +514,7 @@ void *hak_os_remap(void *old, size_t old_size, size_t new_size, void *target) {
   void *p = target ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target)
                    : mremap(old, old_size, new_size, 0);
   if (p == MAP_FAILED) {
-    if (target) check_nothing_moved(old, NULL, old_size);
+    if (target) check_old_kept(old, old_size);
     return NULL;
   }
   if (new_size > old_size) hak_stats_mapped(new_size - old_size, true);
