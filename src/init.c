@@ -103,25 +103,30 @@ __attribute__((constructor)) static void process_start(void) {
     pthread_setspecific(hak_thread_key, hak_tls_heap);
 }
 
-/* HAKMEM_STATS_FILE with %p replaced by the pid. */
+/* HAKMEM_STATS_FILE with %p replaced by the pid; -1, with a message, if it is too long or cannot be written. */
 static int open_stats_file(void) {
-  char path[512];
+  char path[PATH_MAX];
   size_t n = 0;
-  for (const char *s = hak_opt.stats_file; *s && n < sizeof path - 24; s++) {
+  for (const char *s = hak_opt.stats_file; *s; s++) {
+    char pid[16];
+    const char *part = s;
+    size_t len = 1;
     if (s[0] == '%' && s[1] == 'p') {
-      n += (size_t)snprintf(path + n, sizeof path - n, "%d", (int)getpid());
+      len = (size_t)snprintf(pid, sizeof pid, "%d", (int)getpid());
+      part = pid;
       s++;
-    } else {
-      path[n++] = *s;
     }
+    if (n + len >= sizeof path) {
+      hak_print(2, "hakmem: HAKMEM_STATS_FILE too long (at most %zu bytes once %%p is expanded)\n",
+                sizeof path - 1);
+      return -1;
+    }
+    memcpy(path + n, part, len);
+    n += len;
   }
   path[n] = 0;
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    char msg[600];
-    int m = snprintf(msg, sizeof msg, "hakmem: cannot write HAKMEM_STATS_FILE %s\n", path);
-    (void)!write(2, msg, (size_t)m);
-  }
+  if (fd < 0) hak_print(2, "hakmem: cannot write HAKMEM_STATS_FILE %s\n", path);
   return fd;
 }
 

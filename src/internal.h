@@ -20,6 +20,14 @@
 #define HAK_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HAK_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HAK_EXPORT __attribute__((visibility("default")))
+/* Entry points of one signature share one body under several names: a copy
+ * would take lines of its own in the instruction cache, and the compiler's
+ * merging of copies leaves a jump. */
+#if __has_attribute(copy) /* the target's attributes from libc's headers (malloc, nothrow...) */
+#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target), copy(target)))
+#else
+#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target)))
+#endif
 /* What the fork handlers write (the global locks they hold, the lists of
  * heaps the child drops) goes to .data, well under a page in all: each
  * page written across a fork is a copy-on-write fault in the parent and
@@ -37,8 +45,12 @@
 #define HAK_STATS 0
 #endif
 
+/* Formats into a bounded buffer and writes it to fd (no stdio: it may allocate);
+   output longer than the buffer is cut, never read past. */
+__attribute__((format(printf, 2, 3))) void hak_print(int fd, const char *fmt, ...);
+
 /* ---- assertions (debug builds only) ---- */
-HAK_COLD __attribute__((noreturn)) void hak_fatal(const char *fmt, ...);
+HAK_COLD __attribute__((noreturn, format(printf, 1, 2))) void hak_fatal(const char *fmt, ...);
 #if HAK_DEBUG
 #define HAK_ASSERT(c)                                                        \
   do {                                                                       \
@@ -487,6 +499,14 @@ typedef struct {
 void hak_segment_usage(hak_segment_t *seg, hak_usage_t *u);
 void hak_segment_usage_abandoned(hak_usage_t *u);
 void hak_heaps_usage(hak_usage_t *u); /* every heap and abandoned segment */
+/* n blocks of class cls counted used are free (waiting in a list). */
+static inline void hak_usage_unused(hak_usage_t *u, size_t cls, size_t n) {
+  n = n < u->blocks_used[cls] ? n : u->blocks_used[cls];
+  u->blocks_used[cls] -= n;
+  u->blocks_free[cls] += n;
+  u->used_bytes -= n * hak_class_size[cls];
+  u->free_bytes += n * hak_class_size[cls];
+}
 /* The large blocks all heaps keep (hak_large_kept_count). */
 void hak_heaps_large_kept(size_t *blocks, size_t *map_bytes);
 /* Gives back the large blocks of heaps that kept none since the last

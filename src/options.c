@@ -1,9 +1,7 @@
 /* Options: read once from the environment into hak_opt. */
 #include "internal.h"
 
-#include <stdarg.h>
 #include <sys/auxv.h>
-#include <unistd.h>
 
 extern char **environ;
 
@@ -32,15 +30,6 @@ static bool parse_long(const char *s, long *out) {
   }
   *out = v;
   return true;
-}
-
-__attribute__((format(printf, 1, 2))) static void warn(const char *fmt, ...) {
-  char buf[256];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (n > 0) (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
 /* Applies a profile's defaults; false if the name is unknown. */
@@ -74,7 +63,7 @@ void hak_options_load(void) {
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "HAKMEM_PROFILE=", 15) != 0) continue;
     if (!apply_profile(*e + 15))
-      warn("hakmem: unknown HAKMEM_PROFILE=%s (expected balanced, throughput or lowmem)\n",
+      hak_print(2, "hakmem: unknown HAKMEM_PROFILE=%s (expected balanced, throughput or lowmem)\n",
            *e + 15);
   }
   for (char **e = environ; *e; e++) {
@@ -96,12 +85,12 @@ void hak_options_load(void) {
     if (slot == NULL) {
       char var[64];
       snprintf(var, sizeof var, "%.*s", (int)(len < 40 ? len : 40), name);
-      warn("hakmem: unknown option HAKMEM_%s ignored\n", var);
+      hak_print(2, "hakmem: unknown option HAKMEM_%s ignored\n", var);
       continue;
     }
     long v;
     if (!parse_long(eq + 1, &v) || v < slot->lo || v > slot->hi) {
-      warn("hakmem: bad value HAKMEM_%s=%s (expected an integer in [%ld, %ld]); default kept\n",
+      hak_print(2, "hakmem: bad value HAKMEM_%s=%s (expected an integer in [%ld, %ld]); default kept\n",
            slot->name, eq + 1, slot->lo, slot->hi);
       continue;
     }
@@ -110,18 +99,14 @@ void hak_options_load(void) {
 }
 
 void hak_options_print(int fd) {
-  char buf[256];
-  int n = snprintf(buf, sizeof buf, "hakmem: %s, profile %s\nhakmem: built with %s\n",
-                   hak_version(), hak_opt.profile, HAK_BUILD_FLAGS);
-  (void)!write(fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+  hak_print(fd, "hakmem: %s, profile %s\nhakmem: built with %s\n", hak_version(), hak_opt.profile,
+            HAK_BUILD_FLAGS);
 #define HAK_OPT_PRINT(field, name, def, lo, hi, doc)                           \
-  n = snprintf(buf, sizeof buf, "hakmem:   HAKMEM_%-16s = %ld\n", name, hak_opt.field); \
-  (void)!write(fd, buf, (size_t)n);
+  hak_print(fd, "hakmem:   HAKMEM_%-16s = %ld\n", name, hak_opt.field);
   HAK_OPTIONS(HAK_OPT_PRINT)
 #undef HAK_OPT_PRINT
 #define HAK_STR_PRINT(field, name, def, doc)                                   \
-  n = snprintf(buf, sizeof buf, "hakmem:   HAKMEM_%-16s = %s\n", name, hak_opt.field); \
-  (void)!write(fd, buf, (size_t)n);
+  hak_print(fd, "hakmem:   HAKMEM_%-16s = %s\n", name, hak_opt.field);
   HAK_STR_OPTIONS(HAK_STR_PRINT)
 #undef HAK_STR_PRINT
 }

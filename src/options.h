@@ -43,7 +43,8 @@
     "lowmem (see the profiles table); explicitly set variables win.")         \
   X(stats_file, "STATS_FILE", "",                                             \
     "With HAKMEM_STATS=1, write the statistics at exit to this file "         \
-    "instead of stderr, as `key value` lines; %p in the name is the pid.")
+    "instead of stderr, as `key value` lines; %p in the name is the pid. A "  \
+    "path longer than 4095 bytes is refused with a message.")
 
 typedef struct {
 #define HAK_OPT_FIELD(field, name, def, lo, hi, doc) long field;

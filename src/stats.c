@@ -52,7 +52,7 @@ size_t hak_stats_live_blocks(void) {
 }
 #endif
 
-static void out(int fd, const char *fmt, ...) {
+void hak_print(int fd, const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
@@ -85,9 +85,9 @@ void hak_stats_get(hak_stats_t *s) {
 void hak_stats_report(int fd) {
   hak_stats_t s;
   hak_stats_get(&s);
-  out(fd, "hakmem statistics (%s)\n", hak_version());
+  hak_print(fd, "hakmem statistics (%s)\n", hak_version());
 #if HAK_STATS
-  out(fd, "  %-10s %12s %12s %14s %10s %10s\n", "class", "requests", "frees", "bytes", "live",
+  hak_print(fd, "  %-10s %12s %12s %14s %10s %10s\n", "class", "requests", "frees", "bytes", "live",
       "peak");
   for (size_t i = 0; i <= HAK_CLASSES; i++) {
     class_stats_t *c = &cstats[i];
@@ -96,24 +96,24 @@ void hak_stats_report(int fd) {
     char name[24];
     if (i == HAK_CLASSES) snprintf(name, sizeof name, "large");
     else snprintf(name, sizeof name, "%u B", hak_class_size[i]);
-    out(fd, "  %-10s %12zu %12zu %14zu %10zu %10zu\n", name, a, atomic_load(&c->frees),
+    hak_print(fd, "  %-10s %12zu %12zu %14zu %10zu %10zu\n", name, a, atomic_load(&c->frees),
         atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
   }
 #else
-  out(fd, "  (per-class counters: build with `make stats`)\n");
+  hak_print(fd, "  (per-class counters: build with `make stats`)\n");
 #endif
-  out(fd, "  OS mapped now       %12zu KiB (peak %zu KiB)\n", s.mapped >> 10, s.mapped_peak >> 10);
-  out(fd, "  OS mapped in total  %12zu KiB, returned %zu KiB in %zu purges/unmaps\n",
+  hak_print(fd, "  OS mapped now       %12zu KiB (peak %zu KiB)\n", s.mapped >> 10, s.mapped_peak >> 10);
+  hak_print(fd, "  OS mapped in total  %12zu KiB, returned %zu KiB in %zu purges/unmaps\n",
       s.os_mapped_total >> 10, s.os_returned >> 10, s.purges);
-  out(fd, "  segments live       %12zu\n", s.segments);
-  out(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live, s.large_cached >> 10);
-  out(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n", s.refills,
+  hak_print(fd, "  segments live       %12zu\n", s.segments);
+  hak_print(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live, s.large_cached >> 10);
+  hak_print(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n", s.refills,
       s.slabs_allocated, s.remote_collects);
 #if HAK_STATS
-  out(fd, "  remote frees        %12zu, time in slow paths %zu us\n", LOAD(remote_frees),
+  hak_print(fd, "  remote frees        %12zu, time in slow paths %zu us\n", LOAD(remote_frees),
       LOAD(slow_path_ns) / 1000);
 #endif
-  out(fd, "  RSS now             %12zu KiB (peak %zu KiB)\n", s.rss >> 10, s.rss_peak >> 10);
+  hak_print(fd, "  RSS now             %12zu KiB (peak %zu KiB)\n", s.rss >> 10, s.rss_peak >> 10);
 }
 
 void hak_stats_print(void) { hak_stats_report(2); }
@@ -121,26 +121,26 @@ void hak_stats_print(void) { hak_stats_report(2); }
 void hak_stats_write_records(int fd) {
   hak_stats_t s;
   hak_stats_get(&s);
-  out(fd, "hakmem-stats 1\nversion %s\npid %d\n", hak_version(), (int)getpid());
+  hak_print(fd, "hakmem-stats 1\nversion %s\npid %d\n", hak_version(), (int)getpid());
 #if HAK_STATS
   for (size_t i = 0; i <= HAK_CLASSES; i++) {
     class_stats_t *c = &cstats[i];
     size_t a = atomic_load(&c->allocs);
     if (a == 0) continue;
-    out(fd, "class %u requests %zu frees %zu bytes %zu live %zu peak %zu\n",
+    hak_print(fd, "class %u requests %zu frees %zu bytes %zu live %zu peak %zu\n",
         i == HAK_CLASSES ? 0u : hak_class_size[i], a, atomic_load(&c->frees),
         atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
   }
 #endif
-  out(fd, "mapped %zu mapped_peak %zu committed %zu\n", s.mapped, s.mapped_peak, s.committed);
-  out(fd, "os_mapped_total %zu os_returned %zu purges %zu\n", s.os_mapped_total, s.os_returned,
+  hak_print(fd, "mapped %zu mapped_peak %zu committed %zu\n", s.mapped, s.mapped_peak, s.committed);
+  hak_print(fd, "os_mapped_total %zu os_returned %zu purges %zu\n", s.os_mapped_total, s.os_returned,
       s.purges);
-  out(fd, "segments %zu large_live %zu large_cached %zu\n", s.segments, s.large_live,
+  hak_print(fd, "segments %zu large_live %zu large_cached %zu\n", s.segments, s.large_live,
       s.large_cached);
-  out(fd, "refills %zu slabs_allocated %zu remote_collects %zu remote_frees %zu\n", s.refills,
+  hak_print(fd, "refills %zu slabs_allocated %zu remote_collects %zu remote_frees %zu\n", s.refills,
       s.slabs_allocated, s.remote_collects, LOAD(remote_frees));
-  out(fd, "slow_path_ns %zu\n", LOAD(slow_path_ns));
-  out(fd, "rss %zu rss_peak %zu\n", s.rss, s.rss_peak);
+  hak_print(fd, "slow_path_ns %zu\n", LOAD(slow_path_ns));
+  hak_print(fd, "rss %zu rss_peak %zu\n", s.rss, s.rss_peak);
 }
 
 HAK_COLD void hak_fatal(const char *fmt, ...) {

@@ -16,5 +16,11 @@ check verbose_prints_build_flags grep -q "built with .*-O2" <<< "$verbose"
 check verbose_prints_every_option bash -c '
   for o in $(sed -n "s/^| \`\(HAKMEM_[A-Z_]*\)\`.*/\1/p" docs/OPTIONS.md); do
     grep -q "$o " <<< "$1" || { echo "missing $o"; exit 1; }; done' _ "$verbose"
+# A long value is printed cut, never with bytes from past the buffer.
+long=/nonexistent/$(printf 'd%.0s' $(seq 4200))
+nuls=$(HAKMEM_VERBOSE=1 HAKMEM_STATS_FILE="$long" LD_PRELOAD="$LIBHAKMEM" /bin/true 2>&1 | tr -dc '\000' | wc -c)
+check verbose_prints_a_long_value_without_stray_bytes test "$nuls" -eq 0
+stderr=$(HAKMEM_STATS=1 HAKMEM_STATS_FILE="$long%p" LD_PRELOAD="$LIBHAKMEM" /bin/true 2>&1)
+check stats_file_too_long_is_an_error grep -q "HAKMEM_STATS_FILE too long" <<< "$stderr"
 echo "RESULT docs $pass $fail"
 [ "$fail" -eq 0 ]
