@@ -1,9 +1,10 @@
 /* hakmem — a fast general-purpose allocator.
  *
  * Linking or preloading libhakmem replaces the malloc family. The hak_*
- * functions below are the same allocator under their own names, usable
- * without overriding malloc (e.g. when linking libhakmem.a with
- * -DHAK_NO_OVERRIDE builds, or from code that wants to be explicit). */
+ * functions below are the same allocator under their own names: beside
+ * the malloc family, or alone in a library built with
+ * `make CFLAGS=-DHAK_NO_OVERRIDE`, which exports no name of glibc's (the
+ * program keeps its malloc; hakmem's blocks go back by hak_free). */
 #ifndef HAKMEM_H
 #define HAKMEM_H
 

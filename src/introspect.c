@@ -5,6 +5,8 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#ifndef HAK_NO_OVERRIDE /* glibc's names: the program's own malloc answers them */
+
 #define EXPORT HAK_EXPORT
 
 EXPORT struct mallinfo2 mallinfo2(void) {
@@ -113,3 +115,9 @@ EXPORT int mallopt(int param, int value) {
     return 0;
   }
 }
+
+/* By name only: copying mallinfo's attributes would copy its deprecation. */
+EXPORT struct mallinfo __libc_mallinfo(void) __attribute__((alias("mallinfo")));
+int __libc_mallopt(int param, int value) SAME_AS(mallopt);
+
+#endif /* HAK_NO_OVERRIDE */

@@ -1,5 +1,9 @@
-/* The exported malloc family and C++ operators, and nothing else. */
+/* The exported malloc family and C++ operators, and nothing else; none of
+ * them in a build with -DHAK_NO_OVERRIDE, whose program keeps its malloc and
+ * calls hakmem by the hak_* names only. */
 #include "internal.h"
+
+#ifndef HAK_NO_OVERRIDE
 
 #include <unistd.h>
 
@@ -7,14 +11,6 @@
  * and free is fetched in as few lines and decode windows as can be
  * (random_mixed ws=400: 1.02x, 21 interleaved runs). */
 #define EXPORT HAK_EXPORT __attribute__((aligned(64)))
-/* Entry points of one signature share one body under several names: a copy
- * would take lines of its own in the instruction cache, and the compiler's
- * merging of copies leaves a jump. */
-#if __has_attribute(copy) /* the target's attributes from libc's headers (malloc, nothrow...) */
-#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target), copy(target)))
-#else
-#define SAME_AS(target) HAK_EXPORT __attribute__((alias(#target)))
-#endif
 
 EXPORT void *malloc(size_t size) { return hak_malloc_inline(size); }
 EXPORT void free(void *p) { hak_free_inline(p); }
@@ -52,12 +48,16 @@ EXPORT void *pvalloc(size_t size) {
   return hak_alloc_aligned(HAK_PAGE_SIZE, rounded ? rounded : HAK_PAGE_SIZE);
 }
 
-/* glibc's internal names, for programs that call them directly. */
+/* glibc's other names, for programs that call them directly: each of them
+ * that glibc exports, or its block would go to the wrong allocator. */
 void *__libc_malloc(size_t size) SAME_AS(malloc);
 void __libc_free(void *p) SAME_AS(free);
+void cfree(void *p) SAME_AS(free); /* binaries linked against glibc before 2.26 */
 EXPORT void *__libc_calloc(size_t n, size_t size) { return hak_alloc_zero(n, size); }
 EXPORT void *__libc_realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
-EXPORT void *__libc_memalign(size_t align, size_t size) { return memalign(align, size); }
+void *__libc_memalign(size_t align, size_t size) SAME_AS(memalign);
+void *__libc_valloc(size_t size) SAME_AS(valloc);
+void *__libc_pvalloc(size_t size) SAME_AS(pvalloc);
 
 /* ---- C++ operators (Itanium ABI names) ----
  * A failed `new` calls the installed new_handler and retries; without one it
@@ -126,3 +126,5 @@ void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) SAME_AS(free_aligned_s
 void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) SAME_AS(_ZdlPvRKSt9nothrow_t);
 void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt)
     SAME_AS(_ZdlPvSt11align_val_tRKSt9nothrow_t);
+
+#endif /* HAK_NO_OVERRIDE */

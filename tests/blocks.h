@@ -3,8 +3,16 @@
 #ifndef HAK_TEST_BLOCKS_H
 #define HAK_TEST_BLOCKS_H
 
+#include <malloc.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The bytes of blocks in use, small and large, as mallinfo2 counts them: a
+ * free that kept its block would leave them counted. */
+static inline size_t in_use_bytes(void) {
+  struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
 
 /* Opaque to the optimizer, so malloc(SIZE_MAX) etc. are really called. */
 static inline size_t opaque(size_t v) {

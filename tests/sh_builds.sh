@@ -93,6 +93,42 @@ if out=$(${CC:-cc} -O2 -I"$ROOT/include" -o "$B/tests/static_link" "$B/tests/sta
 else
   bad release.static_link "$out"
 fi
+# A library built with -DHAK_NO_OVERRIDE (include/hakmem.h) exports no
+# name of glibc's: the program's malloc stays glibc's, beside hakmem's
+# hak_* blocks.
+d=$(mktemp -d)
+cat > "$d/no_override.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <hakmem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(void) {
+  Dl_info m, h;
+  if (!dladdr(dlsym(RTLD_DEFAULT, "malloc"), &m) || !dladdr((void *)hak_malloc, &h)) return 2;
+  char *g = malloc(100), *s = hak_malloc(100), *l = hak_malloc(3 << 20);
+  if (!g || !s || !l || hak_usable_size(s) < 100 || hak_usable_size(l) < (3 << 20)) return 3;
+  memset(s, 1, 100);
+  memset(l, 1, 3 << 20);
+  free(g);
+  hak_free(s);
+  hak_free(l);
+  printf("malloc from %s, hak_malloc from %s\n", m.dli_fname, h.dli_fname);
+  return strstr(m.dli_fname, "libc.so") == NULL || strstr(h.dli_fname, "libhakmem") == NULL;
+}
+C
+if ! out=$(make -s BUILD="$d" CFLAGS=-DHAK_NO_OVERRIDE release 2>&1); then
+  bad no_override.build "make CFLAGS=-DHAK_NO_OVERRIDE release failed: $out"
+elif glibc_names=$(nm -D --defined-only "$d/libhakmem.so" | awk '{print $3}' | grep -v '^hak_'); then
+  bad no_override.exports "the library exports glibc's names: $(echo $glibc_names)"
+elif out=$(${CC:-cc} -O2 -I"$ROOT/include" -o "$d/no_override" "$d/no_override.c" -L"$d" \
+    -Wl,-rpath,"$d" -lhakmem -pthread 2>&1 && env -u LD_PRELOAD "$d/no_override" 2>&1); then
+  ok no_override.program "only hak_* exported; $out"
+else
+  bad no_override.program "$out"
+fi
+rm -rf "$d"
 # The same program set-user-ID root, run by nobody: its HAKMEM_* variables
 # are the caller's and are ignored, or HAKMEM_STATS_FILE would overwrite a
 # file only root may write. Needs root, setpriv (util-linux) and a file

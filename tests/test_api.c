@@ -1,10 +1,13 @@
 /* Black-box conformance of the standard malloc family (hakmem's when this
  * binary is linked with -lhakmem; glibc's otherwise). Expected semantics are
  * glibc's: every check here also holds under glibc 2.36. */
+#define _GNU_SOURCE /* dladdr */
 #include "harness.h"
 #include "blocks.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -289,18 +292,23 @@ TEST(realloc_null_acts_as_malloc) {
 TEST(realloc_to_zero_frees_or_returns_freeable) {
   size_t sizes[] = {1, 100, 5000, 200000, 4u << 20};
   for (unsigned i = 0; i < 5; i++) {
+    size_t before = in_use_bytes();
     void *p = malloc(sizes[i]);
     REQUIRE(p);
     void *q = realloc(p, 0);
     free(q); /* NULL (glibc) or a fresh pointer; either must be freeable */
+    CHECK_MSG(in_use_bytes() < before + 4096, "realloc(malloc(%zu), 0) kept %zu bytes in use",
+              sizes[i], in_use_bytes() - before);
   }
-  /* Loop many times: if realloc(p,0) leaked big blocks, this would exhaust memory. */
+  size_t before = in_use_bytes();
   for (int i = 0; i < 2000; i++) {
     void *p = malloc(1u << 20);
     REQUIRE(p);
     memset(p, 1, 4096);
     free(realloc(p, 0));
   }
+  CHECK_MSG(in_use_bytes() < before + (1u << 20), "2000 realloc(1 MiB block, 0): %zu bytes in use",
+            in_use_bytes() - before);
 }
 
 /* Grows and shrinks through every tier; contents must survive each move. */
@@ -772,6 +780,48 @@ TEST_T(a_segment_purged_under_mlockall_gives_its_pages_back, 10) {
   munlockall();
   printf("    %ld KiB more resident, %ld after the purge\n", used, grown);
   CHECK_MSG(used > 1024 && grown < 1024, "%ld KiB more resident, %ld after the purge", used, grown);
+}
+
+/* ---------- glibc's other names ---------- */
+
+/* A program may call the malloc family by glibc's other names: each one that
+ * glibc exports must come from the library malloc comes from, or a block
+ * would go to the wrong allocator. (cfree glibc keeps for old binaries
+ * only, where dlsym does not find it.) */
+TEST(glibcs_other_names_come_from_the_library_of_malloc) {
+  static const char *const names[] = {
+      "free",           "calloc",          "realloc",        "reallocarray",
+      "memalign",       "posix_memalign",  "aligned_alloc",  "valloc",
+      "pvalloc",        "malloc_usable_size", "mallinfo",    "mallinfo2",
+      "mallopt",        "malloc_trim",     "malloc_stats",   "malloc_info",
+      "cfree",          "__libc_malloc",   "__libc_free",    "__libc_calloc",
+      "__libc_realloc", "__libc_memalign", "__libc_valloc",  "__libc_pvalloc",
+      "__libc_mallinfo", "__libc_mallopt"};
+  Dl_info of_malloc;
+  REQUIRE(dladdr(dlsym(RTLD_DEFAULT, "malloc"), &of_malloc) != 0);
+  bool malloc_is_glibcs = strstr(of_malloc.dli_fname, "libc.so") != NULL;
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    void *f = dlsym(RTLD_DEFAULT, names[i]);
+    Dl_info of_f;
+    if (f == NULL) {
+      CHECK_MSG(malloc_is_glibcs && strcmp(names[i], "cfree") == 0, "%s not found", names[i]);
+      continue;
+    }
+    REQUIRE(dladdr(f, &of_f) != 0);
+    CHECK_MSG(of_f.dli_fbase == of_malloc.dli_fbase, "%s is from %s, malloc from %s", names[i],
+              of_f.dli_fname, of_malloc.dli_fname);
+  }
+  /* and their blocks are malloc's */
+  void *(*libc_valloc)(size_t) = (void *(*)(size_t))dlsym(RTLD_DEFAULT, "__libc_valloc");
+  void *(*libc_pvalloc)(size_t) = (void *(*)(size_t))dlsym(RTLD_DEFAULT, "__libc_pvalloc");
+  REQUIRE(libc_valloc != NULL && libc_pvalloc != NULL);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *v = libc_valloc(100), *pv = libc_pvalloc(100);
+  REQUIRE(v != NULL && pv != NULL);
+  CHECK(aligned_to(v, page) && aligned_to(pv, page));
+  CHECK(malloc_usable_size(v) >= 100 && malloc_usable_size(pv) >= page);
+  free(v);
+  free(pv);
 }
 
 TEST_MAIN("api")
