@@ -491,11 +491,7 @@ void hak_heaps_usage(hak_usage_t *u) {
   for (size_t c = 0; c < HAK_CLASSES; c++) {
     size_t n = 0;
     for (hak_block_t *b = me->free[c]; b; b = hak_next(b)) n++;
-    n = n < u->blocks_used[c] ? n : u->blocks_used[c];
-    u->blocks_used[c] -= n;
-    u->blocks_free[c] += n;
-    u->used_bytes -= n * hak_class_size[c];
-    u->free_bytes += n * hak_class_size[c];
+    hak_usage_unused(u, c, n);
   }
   hak_segment_usage_abandoned(u);
 }

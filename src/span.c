@@ -1404,6 +1404,15 @@ void hak_span_usage(hak_usage_t *u) {
     }
   }
   pthread_mutex_unlock(&hak_span_lock);
+  /* The transfer's blocks are free, though their pages say used. */
+  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+    size_t n = 0;
+    pthread_mutex_lock(&transfer[c].lock);
+    for (hak_block_t *batch = transfer[c].top; batch != NULL; batch = *batch_link(batch))
+      for (hak_block_t *b = batch; b != NULL; b = hak_next(b)) n++;
+    pthread_mutex_unlock(&transfer[c].lock);
+    hak_usage_unused(u, HAK_SLAB_CLASSES + c, n);
+  }
 }
 
 void hak_span_fork_prepare(void) {

@@ -28,6 +28,12 @@ static size_t opaque(size_t v) {
   return v;
 }
 static bool aligned_to(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+// The bytes of blocks in use, small and large: a delete that kept its block
+// would leave them counted.
+static size_t in_use_bytes() {
+  struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
 
 struct Tracked {
   static std::atomic<long> live;
@@ -83,6 +89,7 @@ TEST(nothrow_new_succeeds_for_normal_sizes) {
 }
 
 TEST(sized_delete_all_sizes) {
+  size_t before = in_use_bytes();
   for (int rep = 0; rep < 3; rep++)
     for (size_t n = 1; n <= (2u << 20); n = n < 2048 ? n + 1 : n + n / 7) {
       void *p = ::operator new(n);
@@ -98,6 +105,7 @@ TEST(sized_delete_all_sizes) {
   void *a = ::operator new[](1000);
   escape(a);
   ::operator delete[](a, 1000);
+  CHECK_MSG(in_use_bytes() < before + 4096, "%zu bytes still in use", in_use_bytes() - before);
 }
 
 struct alignas(64) Line {
