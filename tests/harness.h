@@ -1,11 +1,12 @@
 /* Minimal test harness: each TEST is a function run in its own forked child
  * (so a crash or an abort counts as one failure, not the end of the suite).
  * A suite binary prints one line per test and a final machine-readable line
- *   RESULT <suite> <passed> <failed>
+ *   RESULT <suite> <passed> <failed> <skipped>
  * that tests/run.sh sums into the closing "N passed, N failed" line. */
 #ifndef HAK_TEST_HARNESS_H
 #define HAK_TEST_HARNESS_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,18 @@ static inline void th_register(const char *name, th_fn_t fn, unsigned timeout_s)
     }                                                                        \
   } while (0)
 
+/* SKIP(fmt, ...) ends the test unchecked, saying why (something this
+ * machine lacks): reported as a skip, never as a pass. */
+#define TH_SKIP_STATUS 77
+#define SKIP(...)                                                            \
+  do {                                                                       \
+    printf("    skipped: ");                                                 \
+    printf(__VA_ARGS__);                                                     \
+    printf("\n");                                                            \
+    fflush(NULL);                                                            \
+    _exit(TH_SKIP_STATUS);                                                   \
+  } while (0)
+
 /* The number of a /proc/self/status field ("VmRSS" in KiB, "Threads"), or
  * -1. */
 static inline long th_proc_status(const char *field) {
@@ -112,7 +125,7 @@ static double th_now(void) {
 
 /* Run all tests (or those named in argv) and print RESULT. */
 static int th_main(const char *suite, int argc, char **argv) {
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, skipped = 0;
   setvbuf(stdout, NULL, _IONBF, 0);
   for (int i = 0; i < th_ntests; i++) {
     const th_test_t *t = &th_tests[i];
@@ -132,11 +145,19 @@ static int th_main(const char *suite, int argc, char **argv) {
       _exit(th_failed_here ? 1 : 0);
     }
     int status = 0;
-    waitpid(pid, &status, 0);
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+      failed++;
+      printf("  FAIL  %s.%s: %s: %s\n", suite, t->name, pid < 0 ? "fork" : "waitpid",
+             strerror(errno));
+      continue;
+    }
     double dt = th_now() - t0;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       passed++;
       printf("  ok    %s.%s (%.2fs)\n", suite, t->name, dt);
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == TH_SKIP_STATUS) {
+      skipped++;
+      printf("  skip  %s.%s (%.2fs)\n", suite, t->name, dt);
     } else {
       failed++;
       if (WIFSIGNALED(status))
@@ -146,7 +167,7 @@ static int th_main(const char *suite, int argc, char **argv) {
         printf("  FAIL  %s.%s: exit %d (%.2fs)\n", suite, t->name, WEXITSTATUS(status), dt);
     }
   }
-  printf("RESULT %s %d %d\n", suite, passed, failed);
+  printf("RESULT %s %d %d %d\n", suite, passed, failed, skipped);
   return failed ? 1 : 0;
 }
 

@@ -763,10 +763,10 @@ EOF
   if [ "$r" = "served" ]; then ok python3_allocations_served_by_hakmem
   else bad python3_allocations_served_by_hakmem "$r $(tail -3 "$T/served.err" | tr '\n' '|')"; fi
   err=$(LD_PRELOAD="$LIBHAKMEM" HAKMEM_STATS=1 timeout 60 "$PY" -c 'pass' 2>&1 >/dev/null)
-  if printf '%s' "$err" | grep -qi hakmem; then
+  if printf '%s\n' "$err" | grep -q '^hakmem statistics'; then
     ok hakmem_stats_env_prints_report
   else
-    bad hakmem_stats_env_prints_report "HAKMEM_STATS=1 python3 -c pass: stderr has no 'hakmem' (got: $(printf '%s' "$err" | head -c 200))"
+    bad hakmem_stats_env_prints_report "HAKMEM_STATS=1 python3 -c pass: stderr has no 'hakmem statistics' line (got: $(printf '%s' "$err" | head -c 200))"
   fi
 fi
 

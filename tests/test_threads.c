@@ -608,7 +608,9 @@ TEST_T(a_new_threads_first_free_of_a_trimmed_block_from_a_dead_threads_last_dest
  * from chunk to chunk of the arena with mremap, left holes the kernel gave
  * to the next mmap, which the refill replaced (the program's 1 MiB turned
  * inaccessible, or shared a block's pages). The gaps above the arena are
- * filled first, so that a hole in it is where the next mmap goes. */
+ * filled first, so that a hole in it is where the next mmap goes. Where
+ * moves leave no hole, no mapping of the program lands in the arena at all
+ * (in_arena stays 0); before 56c44a8 one did within 0.02 s, and crashed. */
 #define FOREIGN_MAP ((size_t)1 << 20)
 static atomic_bool g_mover_stop;
 static void *move_large_blocks(void *arg) {
