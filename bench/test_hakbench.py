@@ -5,6 +5,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
@@ -100,27 +101,58 @@ class Summary(unittest.TestCase):
 
     def test_paired_rows_take_the_fastest_peer_round_by_round(self):
         ss = [sample("w", "hakmem", 0, 1), sample("w", "tcmalloc", 0, 1000)]  # warm-up: ignored
-        for r, (h, mi, tc, sec) in enumerate([(100, 50, 80, 500), (110, 60, 130, 500),
-                                              (90, 40, 95, 500)], 1):
+        for r, (h, mi, tc, sec) in enumerate([(100, 50, 80, 500), (110, 120, 130, 500),
+                                              (90, 96, 95, 500)], 1):
             ss += [sample("w", "hakmem", r, h), sample("w", "mimalloc", r, mi),
                    sample("w", "tcmalloc", r, tc), sample("w", "hakmem-secure", r, sec)]
         allocs = ["hakmem", "mimalloc", "tcmalloc", "hakmem-secure"]
         cells = hb.summarize(ss)
         rows = hb.paired_rows(ss, cells, ["w"], allocs, "hakmem")
-        self.assertEqual(len(rows), 2)
-        # tcmalloc's median (95) beats mimalloc's; hakmem-secure is no peer;
-        # per round 100/80, 110/130, 90/95: the median round's pair, not the
-        # ratio of the medians (100/95)
-        self.assertEqual(rows[1][:3], ["w", "tcmalloc", f"{90 / 95:.3f}x"])
-        self.assertEqual(rows[1][3], f"{110 / 130:.2f}-{100 / 80:.2f}")
+        self.assertEqual(len(rows), 3)
+        # hakmem-secure is no peer; per round against the fastest of that round:
+        # 100/80 (tcmalloc), 110/130 (tcmalloc), 90/96 (mimalloc, whose median
+        # is the lower): the median round's pair, not the ratio of the medians
+        self.assertEqual(rows[1], ["w", "tcmalloc 2/3", f"{90 / 96:.3f}x",
+                                   f"{110 / 130:.2f}-{100 / 80:.2f}", "3 of 3"])
+        self.assertEqual(rows[2][0], "geomean")
+        self.assertEqual(rows[2][2], f"{90 / 96:.3f}x")
         self.assertEqual(hb.paired_rows(ss, cells, ["w"], ["hakmem", "hakmem-secure"], "hakmem"),
                          [rows[0]])  # no peer, no row
-        self.assertIn(f"{90 / 95:.3f}x", hb.format_table(cells, ["w"], allocs, "hakmem", samples=ss))
-        self.assertNotIn("best peer", hb.format_table(cells, ["w"], allocs, "hakmem"))
+        self.assertIn(f"{90 / 96:.3f}x", hb.format_table(cells, ["w"], allocs, "hakmem", samples=ss))
+        self.assertNotIn("fastest peer", hb.format_table(cells, ["w"], allocs, "hakmem"))
+
+    def test_paired_rows_leave_out_rounds_with_a_failed_run(self):
+        ss = []
+        for r, (h, mi) in enumerate([(100, 50), (100, None), (None, 10), (60, 30)], 1):
+            ss += [sample("w", "hakmem", r, h, rc=0 if h else 1),
+                   sample("w", "mimalloc", r, mi, rc=0 if mi else 1)]
+        ss += [sample("v", "hakmem", 1, 5), sample("v", "mimalloc", 1, None, rc=1)]
+        cells = hb.summarize(ss)
+        rows = hb.paired_rows(ss, cells, ["w", "v"], ["hakmem", "mimalloc"], "hakmem")
+        self.assertEqual(rows[1], ["w", "mimalloc", "2.000x", "2.00-2.00", "2 of 4"])
+        self.assertEqual(rows[2], ["v", "-", "-", "-", "0 of 1"])
+        self.assertEqual(rows[3][2:], ["2.000x", "", "1 of 2 workloads"])
+        # the main table's geomean says over how many workloads it is taken
+        txt = hb.format_table(cells, ["w", "v"], ["hakmem", "mimalloc"], "hakmem")
+        self.assertIn("(1 of 2)", txt)
 
     def test_failures_counted(self):
-        cells = hb.summarize([sample("w", "a", 1, None, rc=1), sample("w", "a", 2, 5)])
-        self.assertEqual((cells[("w", "a")].failures, cells[("w", "a")].n), (1, 1))
+        cells = hb.summarize([sample("w", "a", 0, None, rc=1), sample("w", "a", 1, None, rc=1),
+                              sample("w", "a", 2, 5)])
+        self.assertEqual((cells[("w", "a")].failures, cells[("w", "a")].n), (2, 1))  # warm-up too
+
+    def test_a_library_that_was_not_preloaded_fails_the_run(self):
+        err = "ERROR: ld.so: object '/x.so' from LD_PRELOAD cannot be preloaded (cannot open shared object file): ignored.\n"
+        r = hb.run_once(["/bin/sh", "-c", f'printf "%s" "{err}" >&2; echo ops/s=5'], hb.clean_env())
+        self.assertEqual(r.ops_per_s, 5.0)
+        self.assertFalse(r.ok)
+        self.assertIn("cannot be preloaded", r.error)
+        r = hb.run_once(["/bin/sh", "-c", "echo ops/s=5"], hb.clean_env(hb.Allocator("x", "/nonexistent.so")))
+        self.assertFalse(r.ok)
+        with tempfile.TemporaryDirectory() as d:  # and still failed when read back
+            p = os.path.join(d, "x.csv")
+            hb.write_csv(p, [hb.Sample("w", "x", 1, 0, r, "cmd")])
+            self.assertFalse(hb.load_samples(p)[0].result.ok)
 
     def test_csv_roundtrip(self):
         with tempfile.TemporaryDirectory() as d:
@@ -143,6 +175,21 @@ class Running(unittest.TestCase):
         r = hb.run_once(["/bin/sh", "-c", "exit 3"], hb.clean_env())
         self.assertFalse(r.ok)
         self.assertEqual(r.rc, 3)
+
+    def test_run_once_timeout_kills_what_the_program_started(self):
+        t0 = time.monotonic()
+        r = hb.run_once(["/bin/sh", "-c", "sleep 37.5; echo ops/s=1"], hb.clean_env(), timeout=1)
+        self.assertTrue(r.timed_out)
+        self.assertLess(time.monotonic() - t0, 20)
+        left = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if b"37.5" in f.read():
+                        left.append(d)
+            except OSError:
+                pass
+        self.assertEqual(left, [])
 
     def test_progress_plain(self):
         s = io.StringIO()

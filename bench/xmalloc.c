@@ -14,7 +14,7 @@
  * pipelines / message passing where memory is freed by a different thread
  * than allocated it.  Also reports peak RSS (VmHWM) since remote frees that
  * are not recycled promptly show up as memory growth.
- * ops = producers * objects * 2 (+ batch records).
+ * ops = producers * objects * 2 (the batch records' mallocs and frees not counted).
  */
 #include "bench_common.h"
 

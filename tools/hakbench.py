@@ -11,7 +11,7 @@ tools (e.g. a `hakmem compare` command).  Pieces, all usable on their own:
   median(), spread(), ratio(), geomean()
   Workload, run_matrix()             interleaved rounds, rotating order
   summarize(), format_table(), write_csv(), write_markdown(), plot_gnuplot()
-  paired_rows()                      the baseline against its best peer, round by round
+  paired_rows()                      the baseline against each round's fastest peer
   Progress                           one-line progress/ETA on stderr
   callgrind_instructions()           instruction counts (bench-instr)
 
@@ -27,6 +27,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -170,10 +171,21 @@ class RunResult:
     fields: Dict[str, str]
     ops_per_s: Optional[float]
     timed_out: bool = False
+    error: str = ""      # a failure the exit status does not show
 
     @property
     def ok(self) -> bool:
-        return self.rc == 0 and self.ops_per_s is not None and not self.timed_out
+        return self.rc == 0 and self.ops_per_s is not None and not self.timed_out and not self.error
+
+
+def preload_error(stderr: str) -> str:
+    """ld.so's complaint that LD_PRELOAD's library was not loaded: the
+    program then ran on glibc's malloc, and its figures are not the
+    allocator's."""
+    for line in stderr.splitlines():
+        if "LD_PRELOAD cannot be preloaded" in line:
+            return line.strip()
+    return ""
 
 
 _KV = re.compile(r"([A-Za-z_][A-Za-z0-9_/]*)=(\S+)")
@@ -240,16 +252,16 @@ def run_once(cmd: Sequence[str], env: Dict[str, str], timeout: float = 300.0,
         full = [wrap, "-q", "-o", tmp, "-f", "%M", "/usr/bin/env", "-i",
                 *[f"{k}={v}" for k, v in env.items()], *cmd]
     t0 = time.monotonic()
+    # A session of its own: a timeout kills its whole process group, the
+    # program under GNU time and whatever it started.
     p = subprocess.Popen(full, env=penv, cwd=cwd, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     # Drain pipes without reaping, then reap with wait4 for the rusage.
-    timed_out = False
     try:
-        out, err = _communicate_noreap(p, timeout)
-    except subprocess.TimeoutExpired:
-        _kill_tree(p)
-        out, err = _communicate_noreap(p, None)
-        timed_out = True
+        out, err, timed_out = _communicate_noreap(p, timeout)
+    except KeyboardInterrupt:
+        _kill_group(p)
+        raise
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -266,31 +278,21 @@ def run_once(cmd: Sequence[str], env: Dict[str, str], timeout: float = 300.0,
             p.returncode = -(p.returncode - 128)
     fields, ops = parse_result(out)
     return RunResult(p.returncode, wall, ru.ru_utime, ru.ru_stime, maxrss,
-                     out, err, fields, ops, timed_out)
+                     out, err, fields, ops, timed_out, preload_error(err))
 
 
-def _kill_tree(p: subprocess.Popen):
+def _kill_group(p: subprocess.Popen):
     try:
-        os.kill(p.pid, 9)
-    except OSError:
-        pass
-    # the measured grandchild (under GNU time) shares the pipes: find and kill it
-    try:
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open(f"/proc/{d}/stat") as f:
-                        if int(f.read().rsplit(")", 1)[1].split()[1]) == p.pid:
-                            os.kill(int(d), 9)
-                except (OSError, ValueError, IndexError):
-                    pass
+        os.killpg(p.pid, signal.SIGKILL)
     except OSError:
         pass
 
 
-def _communicate_noreap(p: subprocess.Popen, timeout: Optional[float]) -> Tuple[str, str]:
-    # Popen.communicate() may reap the child (losing rusage) only through
-    # wait(); reading the pipes to EOF does not.  Use threads to read both.
+def _communicate_noreap(p: subprocess.Popen, timeout: Optional[float]) -> Tuple[str, str, bool]:
+    """The program's stdout and stderr, and whether it ran out of time (its
+    process group is then killed, and the pipes read to their end).
+    Popen.communicate() may reap the child (losing rusage) through wait();
+    reading the pipes to EOF does not.  Threads read both."""
     import threading
     bufs = {"out": [], "err": []}
 
@@ -304,9 +306,12 @@ def _communicate_noreap(p: subprocess.Popen, timeout: Optional[float]) -> Tuple[
     deadline = None if timeout is None else time.monotonic() + timeout
     for t in ts:
         t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            raise subprocess.TimeoutExpired(p.args, timeout)
-    return "".join(bufs["out"]), "".join(bufs["err"])
+    timed_out = any(t.is_alive() for t in ts)
+    if timed_out:
+        _kill_group(p)
+        for t in ts:
+            t.join()
+    return "".join(bufs["out"]), "".join(bufs["err"]), timed_out
 
 
 # ---------------------------------------------------------------------------
@@ -439,7 +444,7 @@ def run_matrix(workloads: Sequence[Workload], allocs: Sequence[Allocator], round
                cwd: Optional[str] = None) -> List[Sample]:
     """For each workload: `warmup` unrecorded rounds, then `rounds` rounds;
     every round runs every allocator once, in an order rotated by one each
-    round (so no allocator always runs first/after the same neighbour)."""
+    round (so each runs first in turn)."""
     samples: List[Sample] = []
     per_cell: Dict[Tuple[str, str], List[float]] = {}
     total_runs = len(workloads) * len(allocs) * (rounds + warmup)
@@ -518,22 +523,22 @@ class Cell:
 
 def summarize(samples: Sequence[Sample]) -> Dict[Tuple[str, str], Cell]:
     """Per (workload, allocator): median ops/s, min-max, median wall, peak
-    RSS (max ru_maxrss) over the recorded (non-warm-up) rounds."""
+    RSS (max ru_maxrss) over the recorded (non-warm-up) rounds; failures
+    counts every failed run, warm-up included."""
     cells: Dict[Tuple[str, str], Cell] = {}
     groups: Dict[Tuple[str, str], List[Sample]] = {}
     for s in samples:
-        groups.setdefault((s.workload, s.allocator), [])
-        if s.round > 0:
-            groups[(s.workload, s.allocator)].append(s)
-    for key, ss in groups.items():
+        groups.setdefault((s.workload, s.allocator), []).append(s)
+    for key, every in groups.items():
         c = Cell(*key)
+        ss = [s for s in every if s.round > 0]
         good = [s for s in ss if s.result.ok]
         c.n = len(good)
-        c.failures = len(ss) - len(good)
-        bad = [s for s in ss if not s.result.ok]
+        bad = [s for s in every if not s.result.ok]  # a failed warm-up too
+        c.failures = len(bad)
         if bad:
             r = bad[0].result
-            msg = (r.stderr.strip().splitlines() or [""])[-1][:120]
+            msg = r.error or (r.stderr.strip().splitlines() or [""])[-1][:120]
             c.error = ("timeout" if r.timed_out else f"exit {r.rc}") + (f": {msg}" if msg else "")
         if good:
             ops = [s.result.ops_per_s for s in good]
@@ -605,35 +610,56 @@ def throughput_rows(cells, workloads, allocs, baseline) -> List[List[str]]:
             row.append(txt)
         rows.append(row)
     gm = geomeans(rat, workloads, allocs)
-    rows.append(["geomean ratio"] + [f"{gm[a]:.2f}x" if gm[a] is not None else "-" for a in allocs])
+    row = ["geomean ratio"]
+    for a in allocs:
+        k = sum(rat.get((w, a)) is not None for w in workloads)
+        # over fewer workloads than the table's, it says so
+        row.append("-" if gm[a] is None else f"{gm[a]:.2f}x" + (f" ({k} of {len(workloads)})" if k < len(workloads) else ""))
+    rows.append(row)
     return rows
 
 
 def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -> List[List[str]]:
-    """Per workload, the peer (of PEERS among allocs) with the highest median
-    ops/s, and the baseline's ops/s over that peer's in each round where both
-    ran: median, then min-max.  A round runs every allocator back to back, so
-    its pair shares the machine's state of that moment, which the medians of
-    the main table, taken over all rounds, do not."""
-    ops = {(s.workload, s.allocator, s.round): s.result.ops_per_s
-           for s in samples if s.round > 0 and s.result.ok}
-    mine: Dict[str, List[Tuple[int, float]]] = {}  # the baseline's rounds, by workload
-    for (w, a, r), x in ops.items():
-        if a == baseline:
-            mine.setdefault(w, []).append((r, x))
+    """Per workload, the baseline's ops/s over the fastest peer's (of PEERS
+    among allocs) in the same round: the median and min-max over the rounds,
+    the peer fastest in most of them, and how many rounds counted (one where
+    a run of the baseline or of a peer failed cannot be compared, and is
+    left out). A round runs every allocator back to back, so its pair shares
+    the machine's state of that moment, which the medians of the main
+    table, taken over all rounds, do not. Last, the geometric mean of the
+    rows' medians."""
+    ops = {(s.workload, s.allocator, s.round): s.result.ops_per_s if s.result.ok else None
+           for s in samples if s.round > 0}
     peers = [a for a in allocs if a in PEERS and a != baseline]
-    rows = [[f"workload ({baseline} / best peer, same round)", "best peer", "median", "min-max"]]
+    rows = [[f"workload ({baseline} / fastest peer, same round)", "fastest peer", "median",
+             "min-max", "rounds"]]
+    meds = []
     for w in workloads:
-        med = [(cells[(w, a)].ops_median, a) for a in peers
-               if (w, a) in cells and cells[(w, a)].ops_median is not None]
-        if not med:
+        ran = [a for a in peers if (w, a) in cells]
+        rounds = sorted({r for (ww, a, r) in ops if ww == w and a == baseline})
+        if not ran or not rounds:
             continue
-        peer = max(med)[1]
-        rs = [x / ops[(w, peer, r)] for r, x in mine.get(w, []) if ops.get((w, peer, r), 0) > 0]
+        rs, fastest = [], {}
+        for r in rounds:
+            x = ops.get((w, baseline, r))
+            ys = [(ops.get((w, a, r)), a) for a in ran]
+            if not x or any(not y for y, _ in ys):
+                continue
+            y, a = max(ys)
+            rs.append(x / y)
+            fastest[a] = fastest.get(a, 0) + 1
+        counted = f"{len(rs)} of {len(rounds)}"
         if not rs:
+            rows.append([w, "-", "-", "-", counted])
             continue
+        peer, k = max(fastest.items(), key=lambda kv: kv[1])
         lo, hi = spread(rs)
-        rows.append([w, peer, f"{median(rs):.3f}x", f"{lo:.2f}-{hi:.2f}"])
+        meds.append(median(rs))
+        rows.append([w, peer if k == len(rs) else f"{peer} {k}/{len(rs)}", f"{meds[-1]:.3f}x",
+                     f"{lo:.2f}-{hi:.2f}", counted])
+    if meds:
+        rows.append(["geomean", "", f"{geomean(meds):.3f}x", "",
+                     f"{len(meds)} of {len(rows) - 1} workloads"])
     return rows
 
 
@@ -696,6 +722,8 @@ def load_samples(path: str) -> List[Sample]:
         fields, ops = parse_result(r["result_line"])
         res = RunResult(int(r["rc"]), float(r["wall_s"]), float(r["user_s"]), float(r["sys_s"]),
                         int(r["maxrss_kib"]), r["result_line"], "", fields, ops)
+        if r["ok"] == "0" and res.ok:  # failed for a reason the CSV has no column for
+            res.error = "failed"
         out.append(Sample(r["workload"], r["allocator"], int(r["round"]), int(r["position"]),
                           res, r["command"]))
     return out
@@ -715,9 +743,10 @@ def write_markdown(path: str, title: str, cells, workloads: Sequence[Workload],
             _table(throughput_rows(cells, wn, an, baseline), True), ""]
     paired = paired_rows(samples, cells, wn, an, baseline)
     if len(paired) > 1:
-        out += [f"{baseline} against the fastest peer of each row ({', '.join(PEERS)}), round by "
-                f"round: {baseline}'s ops/s over the peer's in the same round, the median and "
-                "the range over the rounds.", "", _table(paired, True), ""]
+        out += [f"{baseline} against the fastest peer ({', '.join(PEERS)}) of each round: "
+                f"{baseline}'s ops/s over that peer's, the median and the range over the rounds "
+                "where every one ran; the geometric mean of the medians last.", "",
+                _table(paired, True), ""]
     out += ["Peak RSS (max ru_maxrss over the rounds) and median wall time:", "",
             _table(rss_rows(cells, wn, an), True), ""]
     errs = [c for c in cells.values() if c.error]

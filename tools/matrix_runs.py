@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """One markdown row per `make bench-full` report: hakmem's round-by-round ratio
-to the best peer on each workload (or the range over a group of workloads),
-the geometric mean against the best peer's, and how many workloads' peaks
-are under both memory limits of issue 4 (1.10x mimalloc's, and the peers'
-median). docs/PERFORMANCE.md's table of runs is this script's output.
+to the fastest peer on each workload (or the range over a group of
+workloads), two geometric means over the workloads, and how many workloads'
+peaks are under both memory limits of issue 4 (1.10x mimalloc's, and the
+peers' median). The geometric means: "gm peer" is hakmem's throughput over
+that of the peer with the highest geometric mean (one peer for all
+workloads); "gm rows" is the mean of the round-by-round ratios, each against
+its workload's fastest peer, the stricter one. A workload that failed is
+left out of both and its run is marked. docs/PERFORMANCE.md's table of runs
+is this script's output.
 
 usage: tools/matrix_runs.py [--rounds N] bench/results/full-*.md
   --rounds N  leave out reports of fewer rounds (default 11)
 """
+import math
 import re
 import statistics
 import sys
@@ -35,36 +41,41 @@ def cells(line):
 
 
 def parse(path):
-    """(revision, rounds, {workload: hakmem/best peer}, geomean, peaks under both, workloads)"""
+    """(revision, rounds, {workload: hakmem/fastest peer}, (gm peer, gm rows), peaks under
+    both, workloads with a peak, workloads)"""
     text = open(path).read()
     rev = re.search(r"hakmem revision: (\S+)", text).group(1).replace("+dirty", "")
     rounds = int(re.search(r"set: \S+, (\d+) rounds", text).group(1))
-    best, geo, rss = {}, {}, {}
+    best, geo, rss, workloads = {}, {}, {}, []
     section, heading = None, []
     for line in text.splitlines():
         if line.startswith("| workload ("):
-            section = "thr" if "ops/s" in line else "best" if "best peer" in line else "rss"
+            section = ("thr" if "ops/s" in line else
+                       "best" if "best peer" in line or "fastest peer" in line else "rss")
             heading = cells(line)
         elif line.startswith("|--"):
             continue
         elif line.startswith("|"):
             c = cells(line)
-            if section == "best":
+            if section == "best" and c[0] != "geomean" and c[2] != "-":
                 best[c[0]] = float(c[2].rstrip("x"))
             elif section == "thr" and c[0] == "geomean ratio":
-                geo = {k: float(v.rstrip("x")) for k, v in zip(heading[1:], c[1:])}
-            elif section == "rss":
+                geo = {k: float(v.split("x")[0]) for k, v in zip(heading[1:], c[1:]) if v != "-"}
+            elif section == "thr" and c[0] != "geomean ratio":
+                workloads.append(c[0])
+            elif section == "rss" and "-" not in c[1:]:
                 rss[c[0]] = {k: float(v.split("/")[0]) for k, v in zip(heading[1:], c[1:])}
         else:
             section = None
-    geomean = 1 / max(geo[p] for p in PEERS if p in geo)
+    gm_peer = 1 / max(geo[p] for p in PEERS if p in geo)
+    gm_rows = math.exp(sum(math.log(v) for v in best.values()) / len(best))
     under = sum(r["hakmem"] <= 1.10 * r["mimalloc"] and
                 r["hakmem"] <= statistics.median(r[p] for p in PEERS if p in r) for r in rss.values())
-    return rev, rounds, best, geomean, under, len(rss)
+    return rev, rounds, best, (gm_peer, gm_rows), under, len(rss), len(workloads)
 
 
 def row(path, parsed):
-    rev, _, best, geomean, under, n = parsed
+    rev, _, best, (gm_peer, gm_rows), under, n, total = parsed
     out = [f"`{rev}`", path.rsplit("/", 1)[-1].removesuffix(".md")]
     for _, prefix, how in COLUMNS:
         vals = [v for w, v in best.items() if w.startswith(prefix)]
@@ -74,7 +85,9 @@ def row(path, parsed):
             out.append(f"{vals[0]:.3f}")
         else:
             out.append(f"{min(vals):.3f}–{max(vals):.3f}")
-    out += [f"{geomean:.2f}", f"{under} of {n}"]
+    partial = f" ({len(best)} of {total})" if len(best) < total else ""
+    out += [f"{gm_peer:.2f}", f"{gm_rows:.3f}{partial}", f"{under} of {n}" +
+            (f" ({total - n} failed)" if n < total else "")]
     return "| " + " | ".join(out) + " |"
 
 
@@ -85,7 +98,7 @@ def main(argv):
     if not argv or argv[0].startswith("-"):
         sys.stderr.write(__doc__)
         return 2
-    heads = ["commit", "report"] + [h for h, _, _ in COLUMNS] + ["geomean", "peaks"]
+    heads = ["commit", "report"] + [h for h, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for path in argv:
