@@ -188,6 +188,13 @@ one_line "compare: bad --alloc library" nonzero "$HAK" compare --alloc bad=/none
 one_line "compare: --alloc without =" 2 "$HAK" compare --alloc justname -- true
 one_line "compare: unknown --only name" 2 "$HAK" compare --only hakmem,nosuch -- true
 one_line "run: no such --lib" nonzero "$HAK" run --lib /nonexistent.so -- true
+# a library ld.so refuses: the run fails, and says why (it ran on glibc's malloc)
+# (a position-independent executable: a 64-bit ELF of type DYN that ld.so will not preload)
+echo 'int main(void) { return 0; }' > "$tmp/pie.c"
+${CC:-cc} -fPIE -pie -o "$tmp/bad.so" "$tmp/pie.c"
+out=$("$HAK" compare -q --rounds 1 --warmup 0 --alloc bad="$tmp/bad.so" --only glibc,bad -- true 2>&1)
+[[ $out == *"could not be preloaded"* ]]
+check "compare: a library that cannot be preloaded fails its runs" $? "$out"
 one_line "run: --lib not a shared library" nonzero "$HAK" run --lib "$tmp/prog.c" -- true
 one_line "run: missing -- -> usage error 2" 2 "$HAK" run true
 one_line "compare: missing -- -> usage error 2" 2 "$HAK" compare --rounds 1 true
