@@ -103,7 +103,8 @@ __attribute__((constructor)) static void process_start(void) {
     pthread_setspecific(hak_thread_key, hak_tls_heap);
 }
 
-/* HAKMEM_STATS_FILE with %p replaced by the pid; -1, with a message, if it is too long or cannot be written. */
+/* HAKMEM_STATS_FILE with %p replaced by the pid; -1, with a message, if it
+ * is too long or cannot be written. */
 static int open_stats_file(void) {
   char path[PATH_MAX];
   size_t n = 0;

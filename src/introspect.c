@@ -3,7 +3,6 @@
 #include "internal.h"
 
 #include <malloc.h>
-#include <unistd.h>
 
 #ifndef HAK_NO_OVERRIDE /* glibc's names: the program's own malloc answers them */
 
@@ -45,14 +44,12 @@ EXPORT struct mallinfo mallinfo(void) {
 /* glibc's layout first (tools parse it), then hakmem's own report. */
 EXPORT void malloc_stats(void) {
   struct mallinfo2 mi = mallinfo2();
-  char buf[512];
-  int n = snprintf(buf, sizeof buf,
-                   "Arena 0:\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
-                   "Total (incl. mmap):\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
-                   "max mmap regions = %10zu\nmax mmap bytes   = %10zu\n",
-                   mi.arena, mi.uordblks, mi.arena + mi.hblkhd, mi.uordblks + mi.hblkhd,
-                   mi.hblks, mi.hblkhd);
-  (void)!write(2, buf, (size_t)n);
+  hak_print(2,
+            "Arena 0:\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
+            "Total (incl. mmap):\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
+            "max mmap regions = %10zu\nmax mmap bytes   = %10zu\n",
+            mi.arena, mi.uordblks, mi.arena + mi.hblkhd, mi.uordblks + mi.hblkhd, mi.hblks,
+            mi.hblkhd);
   hak_stats_report(2);
 }
 

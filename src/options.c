@@ -64,7 +64,7 @@ void hak_options_load(void) {
     if (strncmp(*e, "HAKMEM_PROFILE=", 15) != 0) continue;
     if (!apply_profile(*e + 15))
       hak_print(2, "hakmem: unknown HAKMEM_PROFILE=%s (expected balanced, throughput or lowmem)\n",
-           *e + 15);
+                *e + 15);
   }
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "HAKMEM_", 7) != 0 || strncmp(*e, "HAKMEM_PROFILE=", 15) == 0) continue;
@@ -90,8 +90,9 @@ void hak_options_load(void) {
     }
     long v;
     if (!parse_long(eq + 1, &v) || v < slot->lo || v > slot->hi) {
-      hak_print(2, "hakmem: bad value HAKMEM_%s=%s (expected an integer in [%ld, %ld]); default kept\n",
-           slot->name, eq + 1, slot->lo, slot->hi);
+      hak_print(
+          2, "hakmem: bad value HAKMEM_%s=%s (expected an integer in [%ld, %ld]); default kept\n",
+          slot->name, eq + 1, slot->lo, slot->hi);
       continue;
     }
     *slot->value = v;

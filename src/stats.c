@@ -52,13 +52,20 @@ size_t hak_stats_live_blocks(void) {
 }
 #endif
 
+/* The length of what vsnprintf left in buf: cut to size - 1. */
+static size_t format(char *buf, size_t size, const char *fmt, va_list ap) {
+  int n = vsnprintf(buf, size, fmt, ap);
+  if (n < 0) return 0;
+  return (size_t)n < size ? (size_t)n : size - 1;
+}
+
 void hak_print(int fd, const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  size_t n = format(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  if (n > 0) (void)!write(fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+  if (n > 0) (void)!write(fd, buf, n);
 }
 
 #define LOAD(f) atomic_load_explicit(&hak_gstats.f, memory_order_relaxed)
@@ -88,7 +95,7 @@ void hak_stats_report(int fd) {
   hak_print(fd, "hakmem statistics (%s)\n", hak_version());
 #if HAK_STATS
   hak_print(fd, "  %-10s %12s %12s %14s %10s %10s\n", "class", "requests", "frees", "bytes", "live",
-      "peak");
+            "peak");
   for (size_t i = 0; i <= HAK_CLASSES; i++) {
     class_stats_t *c = &cstats[i];
     size_t a = atomic_load(&c->allocs);
@@ -97,21 +104,23 @@ void hak_stats_report(int fd) {
     if (i == HAK_CLASSES) snprintf(name, sizeof name, "large");
     else snprintf(name, sizeof name, "%u B", hak_class_size[i]);
     hak_print(fd, "  %-10s %12zu %12zu %14zu %10zu %10zu\n", name, a, atomic_load(&c->frees),
-        atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
+              atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
   }
 #else
   hak_print(fd, "  (per-class counters: build with `make stats`)\n");
 #endif
-  hak_print(fd, "  OS mapped now       %12zu KiB (peak %zu KiB)\n", s.mapped >> 10, s.mapped_peak >> 10);
+  hak_print(fd, "  OS mapped now       %12zu KiB (peak %zu KiB)\n", s.mapped >> 10,
+            s.mapped_peak >> 10);
   hak_print(fd, "  OS mapped in total  %12zu KiB, returned %zu KiB in %zu purges/unmaps\n",
-      s.os_mapped_total >> 10, s.os_returned >> 10, s.purges);
+            s.os_mapped_total >> 10, s.os_returned >> 10, s.purges);
   hak_print(fd, "  segments live       %12zu\n", s.segments);
-  hak_print(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live, s.large_cached >> 10);
-  hak_print(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n", s.refills,
-      s.slabs_allocated, s.remote_collects);
+  hak_print(fd, "  large blocks live   %12zu, cached %zu KiB\n", s.large_live,
+            s.large_cached >> 10);
+  hak_print(fd, "  refills             %12zu, slabs allocated %zu, remote collects %zu\n",
+            s.refills, s.slabs_allocated, s.remote_collects);
 #if HAK_STATS
   hak_print(fd, "  remote frees        %12zu, time in slow paths %zu us\n", LOAD(remote_frees),
-      LOAD(slow_path_ns) / 1000);
+            LOAD(slow_path_ns) / 1000);
 #endif
   hak_print(fd, "  RSS now             %12zu KiB (peak %zu KiB)\n", s.rss >> 10, s.rss_peak >> 10);
 }
@@ -128,17 +137,17 @@ void hak_stats_write_records(int fd) {
     size_t a = atomic_load(&c->allocs);
     if (a == 0) continue;
     hak_print(fd, "class %u requests %zu frees %zu bytes %zu live %zu peak %zu\n",
-        i == HAK_CLASSES ? 0u : hak_class_size[i], a, atomic_load(&c->frees),
-        atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
+              i == HAK_CLASSES ? 0u : hak_class_size[i], a, atomic_load(&c->frees),
+              atomic_load(&c->bytes), atomic_load(&c->live), atomic_load(&c->peak));
   }
 #endif
   hak_print(fd, "mapped %zu mapped_peak %zu committed %zu\n", s.mapped, s.mapped_peak, s.committed);
-  hak_print(fd, "os_mapped_total %zu os_returned %zu purges %zu\n", s.os_mapped_total, s.os_returned,
-      s.purges);
+  hak_print(fd, "os_mapped_total %zu os_returned %zu purges %zu\n", s.os_mapped_total,
+            s.os_returned, s.purges);
   hak_print(fd, "segments %zu large_live %zu large_cached %zu\n", s.segments, s.large_live,
-      s.large_cached);
+            s.large_cached);
   hak_print(fd, "refills %zu slabs_allocated %zu remote_collects %zu remote_frees %zu\n", s.refills,
-      s.slabs_allocated, s.remote_collects, LOAD(remote_frees));
+            s.slabs_allocated, s.remote_collects, LOAD(remote_frees));
   hak_print(fd, "slow_path_ns %zu\n", LOAD(slow_path_ns));
   hak_print(fd, "rss %zu rss_peak %zu\n", s.rss, s.rss_peak);
 }
@@ -147,13 +156,11 @@ HAK_COLD void hak_fatal(const char *fmt, ...) {
   char buf[256];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  size_t n = format(buf, sizeof buf - 1, fmt, ap); /* room for the newline */
   va_end(ap);
-  if (n < 0) n = 0;
-  if ((size_t)n > sizeof buf - 2) n = sizeof buf - 2;
   buf[n++] = '\n';
   /* write is a cancellation point: a thread with a cancel pending would unwind */
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-  (void)!write(2, buf, (size_t)n);
+  (void)!write(2, buf, n);
   abort();
 }

@@ -13,10 +13,11 @@ is this script's output.
 usage: tools/matrix_runs.py [--rounds N] bench/results/full-*.md
   --rounds N  leave out reports of fewer rounds (default 11)
 """
-import math
 import re
 import statistics
 import sys
+
+import hakbench as hb  # beside this script
 
 PEERS = ["glibc", "mimalloc", "jemalloc", "tcmalloc"]
 COLUMNS = [  # (heading, workload prefix, how: one value, or the range of a group)
@@ -68,7 +69,7 @@ def parse(path):
         else:
             section = None
     gm_peer = 1 / max(geo[p] for p in PEERS if p in geo)
-    gm_rows = math.exp(sum(math.log(v) for v in best.values()) / len(best))
+    gm_rows = hb.geomean(best.values())
     under = sum(r["hakmem"] <= 1.10 * r["mimalloc"] and
                 r["hakmem"] <= statistics.median(r[p] for p in PEERS if p in r) for r in rss.values())
     return rev, rounds, best, (gm_peer, gm_rows), under, len(rss), len(workloads)
