@@ -47,7 +47,7 @@ def parse(path):
     text = open(path).read()
     rev = re.search(r"hakmem revision: (\S+)", text).group(1).replace("+dirty", "")
     rounds = int(re.search(r"set: \S+, (\d+) rounds", text).group(1))
-    best, geo, rss, workloads = {}, {}, {}, []
+    best, geo, rss, workloads, gm_report = {}, {}, {}, [], None
     section, heading = None, []
     for line in text.splitlines():
         if line.startswith("| workload ("):
@@ -58,7 +58,9 @@ def parse(path):
             continue
         elif line.startswith("|"):
             c = cells(line)
-            if section == "best" and c[0] != "geomean" and c[2] != "-":
+            if section == "best" and c[0] == "geomean":
+                gm_report = float(c[2].rstrip("x"))
+            elif section == "best" and c[2] != "-":
                 best[c[0]] = float(c[2].rstrip("x"))
             elif section == "thr" and c[0] == "geomean ratio":
                 geo = {k: float(v.split("x")[0]) for k, v in zip(heading[1:], c[1:]) if v != "-"}
@@ -69,7 +71,8 @@ def parse(path):
         else:
             section = None
     gm_peer = 1 / max(geo[p] for p in PEERS if p in geo)
-    gm_rows = hb.geomean(best.values())
+    # The report's own row is taken from unrounded medians; the rows above are rounded.
+    gm_rows = gm_report if gm_report is not None else hb.geomean(best.values())
     under = sum(r["hakmem"] <= 1.10 * r["mimalloc"] and
                 r["hakmem"] <= statistics.median(r[p] for p in PEERS if p in r) for r in rss.values())
     return rev, rounds, best, (gm_peer, gm_rows), under, len(rss), len(workloads)
