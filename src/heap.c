@@ -200,18 +200,24 @@ void hak_heap_thread_exit(hak_heap_t *heap) {
 hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get(); }
 
 /* A new thread whose first call frees a block of a live heap waits a
- * little, when no heap is parked, for one to park, rather than build one:
+ * little for that heap to park, rather than build one or take another:
  * the block's thread is likely the worker that created this one and is
  * about to exit (larson, a server's chain of workers). The new thread would
  * otherwise carve new slabs while that heap's, half free, wait for the
  * next thread (larson 4t 10-1000, 40 runs: peaks of 7.8-12.2 MiB, median
- * 10.2, against 7.8-16.5, median 11.1). Not for the first thread's heap,
- * which hands blocks to workers and seldom exits, and not without the
- * purger, as then heaps retire instead of parking. The thread sleeps, so
- * that the exiting one may run on its core. Waits that time out (a parent
- * that joins its children, as in bench/forkjoin) use up a credit that
- * parks replenish; without credit, one new thread in HEIR_PROBE waits
- * (forkjoin 6 20 20: 1.00x as fast; waiting 200 us, 0.96x).
+ * 10.2, against 7.8-16.5, median 11.1). It waits even while other heaps
+ * are parked: those are other lineages', and a thread that took one
+ * carved beside their blocks (on 2 cores, successors that took another
+ * heap: 7 of 400 instead of about 150; larson 4t 1-8 KiB 1.18x as fast at
+ * 59.0 MiB against 86.0, 4t 8-128 and 10-1000 1.16x and 1.21x at 2.8 and
+ * 9.3 MiB against 3.7 and 13.9; the waits took 1.5 ms on average). Not
+ * for the first thread's heap, which hands blocks to workers and seldom
+ * exits, and not without the purger, as then heaps retire instead of
+ * parking. The thread sleeps, so that the exiting one may run on its
+ * core. Waits that time out (a parent that joins its children, as in
+ * bench/forkjoin) use up a credit that parks replenish; without credit,
+ * one new thread in HEIR_PROBE waits (forkjoin 6 20 20: 1.00x as fast;
+ * waiting 200 us, 0.96x).
  * How long to wait is learnt: twice the time the heaps waited for took to
  * park, counted from the wait's start also for a creator that parks after
  * its successor gave up, from HEIR_WAIT_MIN_NS to HEIR_WAIT_MAX_NS. Where
@@ -254,15 +260,15 @@ static bool heir_parked(hak_heap_t *owner) {
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   pthread_mutex_lock(&hak_heaps_lock);
-  int waited = 0; /* 1: a heap parked meanwhile; -1: none did */
+  int waited = 0; /* 1: the owner parked meanwhile; -1: it did not */
   uint64_t start = 0;
-  if (heaps_parked == NULL) {
+  if (parked_link(owner) == NULL) {
     start = hak_clock_ns();
     struct timespec end = hak_clock_deadline(atomic_load_explicit(&heir_wait_ns, memory_order_relaxed));
     heir_waiters++;
     waited = -1;
     while (waited < 0 && pthread_cond_clockwait(&heir_cond, &hak_heaps_lock, CLOCK_MONOTONIC, &end) == 0)
-      if (heaps_parked != NULL) waited = 1;
+      if (parked_link(owner) != NULL) waited = 1;
     heir_waiters--;
   }
   bool parked = parked_link(owner) != NULL;

@@ -4011,16 +4011,26 @@ static void run_handover(handover_t *h) {
 }
 
 /* Hand-overs, up to 20, until a successor takes its live creator's heap
- * (its next malloc of the size returns the block): the tries made, or 0. */
-static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us) {
+ * (its next malloc of the size returns the block): the tries made, or 0.
+ * With another_parked, two heaps of other threads, blocks of them in use,
+ * are parked first: the creator takes one, and the other is parked when
+ * the successor frees; else none is but the creator's. */
+static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool another_parked) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   for (int tries = 1; tries <= 20; tries++) {
-    hak_heaps_retire_parked(); /* none to take but the creator's */
+    hak_heaps_retire_parked();
+    void *first[100], *second[100];
+    hak_heap_t *older, *newer;
+    if (another_parked) park_two_heaps(first, second, &older, &newer);
     handover_t h = {.exit_delay_us = exit_delay_us};
     run_handover(&h);
     bool taken = h.creator_live && h.heap == h.creator && h.q == h.block;
     free(h.q);
+    for (int i = 0; another_parked && i < 100; i++) {
+      free(first[i]);
+      free(second[i]);
+    }
     if (taken) return tries;
   }
   return 0;
@@ -4032,12 +4042,12 @@ static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us) {
  * milliseconds, which fails a try (the creator parked before the free, or
  * could not park within the wait) or passes one (the successor woke after
  * the park), and one process that ran undisturbed decides. */
-static int tries_in_new_processes(unsigned exit_delay_us, int least, int runs) {
+static int tries_in_new_processes(unsigned exit_delay_us, bool another_parked, int least, int runs) {
   int tries = 0;
   for (int run = 0; run < runs && tries <= least; run++) {
     fflush(NULL);
     pid_t pid = fork();
-    if (pid == 0) _exit(tries_until_the_creators_heap_is_taken(exit_delay_us));
+    if (pid == 0) _exit(tries_until_the_creators_heap_is_taken(exit_delay_us, another_parked));
     int status;
     REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
     tries = WEXITSTATUS(status);
@@ -4051,7 +4061,14 @@ static int tries_in_new_processes(unsigned exit_delay_us, int least, int runs) {
  * tries, for one whose creator could not run within the wait; a try where
  * the creator had parked before the free proves nothing. */
 TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
-  CHECK_MSG(tries_in_new_processes(0, 0, 5) != 0, "not in 20 tries");
+  CHECK_MSG(tries_in_new_processes(0, false, 0, 5) != 0, "not in 20 tries");
+}
+
+/* The same while another thread's heap is parked, which the successor
+ * would take at once: it waits for its creator's all the same (a chain of
+ * workers keeps to one heap; larson 4t 1-8 KiB, 62.9 MiB against 86.8). */
+TEST(new_thread_waits_for_its_creators_heap_while_another_is_parked) {
+  CHECK_MSG(tries_in_new_processes(0, true, 0, 5) != 0, "not in 20 tries");
 }
 
 /* A creator that parks 1 ms after its successor's free, 20 times the
@@ -4060,7 +4077,7 @@ TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
  * processes, not five: a bound that starts at 5 ms passes in one of about
  * 30, when its first successor takes another heap. */
 TEST(the_wait_for_the_creators_heap_learns_how_late_creators_park) {
-  int tries = tries_in_new_processes(1000, 1, 3);
+  int tries = tries_in_new_processes(1000, false, 1, 3);
   CHECK_MSG(tries != 0, "not in 20 tries");
   CHECK_MSG(tries != 1, "the first successor waited 1 ms");
 }
