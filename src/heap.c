@@ -27,10 +27,56 @@ static HAK_FORK_HELD hak_heap_t *heaps_live;
  * parked heap's block takes that heap instead (free.c: free_heapless). */
 static HAK_FORK_HELD hak_heap_t *heaps_parked, **heaps_parked_end = &heaps_parked;
 static HAK_FORK_HELD hak_heap_t *heaps_pool = &heap_first;
-static HAK_FORK_HELD uint8_t *pool_cursor;
-static HAK_FORK_HELD size_t pool_left;
+static HAK_FORK_HELD uint32_t pool_carved; /* heaps carved from the newest chunk */
 
 #define HAK_HEAP_CHUNK ((size_t)256 * 1024)
+
+/* Heaps by number, for hints that name a heap in fewer bits than a pointer
+ * (span.c: a span block's last page): the pool's chunks, newest first,
+ * each headed by the number of its first heap, number its heaps in order;
+ * a heap struct keeps its number when pooled. The first heap has none (0).
+ * No table: one mapped would be locked whole under mlockall, one in the
+ * bss would move the data a forked child writes. */
+typedef struct heap_chunk_s heap_chunk_t;
+struct heap_chunk_s {
+  heap_chunk_t *next;
+  uint32_t first_number;
+};
+#define HEAP_SIZE ((sizeof(hak_heap_t) + 63) & ~(size_t)63)
+#define CHUNK_HEAPS_AT ((sizeof(heap_chunk_t) + 63) & ~(size_t)63)
+#define CHUNK_HEAPS ((HAK_HEAP_CHUNK - CHUNK_HEAPS_AT) / HEAP_SIZE)
+static HAK_FORK_HELD heap_chunk_t *pool_chunks;
+
+/* The heap struct of that number in chunk c. */
+static hak_heap_t *chunk_heap(heap_chunk_t *c, uint32_t number) {
+  return (hak_heap_t *)((uint8_t *)c + CHUNK_HEAPS_AT + (number - c->first_number) * HEAP_SIZE);
+}
+
+hak_heap_t *hak_heap_numbered(uint32_t number) {
+  hak_heap_t *h = NULL;
+  pthread_mutex_lock(&hak_heaps_lock);
+  heap_chunk_t *c = pool_chunks;
+  while (c != NULL && number < c->first_number) c = c->next;
+  if (number != 0 && c != NULL && number - c->first_number < CHUNK_HEAPS) h = chunk_heap(c, number);
+  pthread_mutex_unlock(&hak_heaps_lock);
+  return h;
+}
+
+/* A new pooled heap struct (under hak_heaps_lock); NULL if out of memory. */
+static hak_heap_t *pool_carve(void) {
+  heap_chunk_t *c = pool_chunks;
+  if (c == NULL || pool_carved == CHUNK_HEAPS) {
+    if ((c = hak_os_map(HAK_HEAP_CHUNK)) == NULL) return NULL;
+    c->first_number = pool_chunks ? pool_chunks->first_number + (uint32_t)CHUNK_HEAPS : 1;
+    c->next = pool_chunks;
+    pool_chunks = c;
+    pool_carved = 0;
+  }
+  uint32_t number = c->first_number + pool_carved++;
+  hak_heap_t *h = chunk_heap(c, number);
+  h->number = number;
+  return h;
+}
 
 /* A parked heap whose blocks have all been freed waits, its slabs ready,
  * for the next new thread (which takes it before any other), instead of
@@ -127,19 +173,12 @@ static hak_heap_t *heap_struct_alloc(uintptr_t token, hak_heap_t *want, hak_heap
   if (h) {
     heaps_pool = h->next;
   } else {
-    size_t sz = (sizeof(hak_heap_t) + 63) & ~(size_t)63;
-    if (pool_left < sz) {
-      pool_cursor = hak_os_map(HAK_HEAP_CHUNK);
-      pool_left = pool_cursor ? HAK_HEAP_CHUNK : 0;
-    }
-    if (pool_left >= sz) {
-      h = (hak_heap_t *)pool_cursor;
-      pool_cursor += sz;
-      pool_left -= sz;
-    }
+    h = pool_carve();
   }
   if (h) {
+    uint32_t number = h->number;
     memset(h, 0, sizeof *h);
+    h->number = number;
     memcpy(h->small_class, hak_heap_empty.small_class, sizeof h->small_class);
     hak_span_heap_init(h);
     h->token = token;
@@ -210,7 +249,10 @@ hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get
  * carved beside their blocks (on 2 cores, successors that took another
  * heap: 7 of 400 instead of about 150; larson 4t 1-8 KiB 1.18x as fast at
  * 59.0 MiB against 86.0, 4t 8-128 and 10-1000 1.16x and 1.21x at 2.8 and
- * 9.3 MiB against 3.7 and 13.9; the waits took 1.5 ms on average). Not
+ * 9.3 MiB against 3.7 and 13.9; the waits took 1.5 ms on average). A
+ * span block's heap is the one that took it from the page heap (span.c:
+ * block_mark), which a seventh of larson 1-8 KiB's workers free first:
+ * they took the heap parked longest (56.0 MiB against 60.9, 21 runs). Not
  * for the first thread's heap, which hands blocks to workers and seldom
  * exits, and not without the purger, as then heaps retire instead of
  * parking. The thread sleeps, so that the exiting one may run on its

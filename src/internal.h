@@ -346,7 +346,7 @@ void hak_segment_put_empty(hak_segment_t *seg, bool zero, bool purged);
 /* A span segment's page words: the low two bits tell what a page is. */
 #define HAK_PAGE_FREE 1u /* first or last page of a free run: its record's handle (span.c) */
 #define HAK_PAGE_USED 2u /* first page of a block: pages << 16 | class << 8 | 2 */
-#define HAK_PAGE_TAIL 3u /* last page of a block of two pages or more */
+#define HAK_PAGE_TAIL 3u /* last page of a block of two pages or more: heap number << 2 | 3 */
 #define HAK_PAGE_TAG 3u
 /* p's page in its segment (0, a header page, for a pointer at the very
  * end of a segment). */
@@ -459,6 +459,9 @@ hak_heap_t *hak_heap_get(void);
  * if it is parked or parks soon, else as hak_heap_get's; NULL once the
  * thread's exit handler has run. */
 hak_heap_t *hak_heap_for_heir(hak_heap_t *owner);
+/* The heap of that number (hak_heap_t.number), if any: a hint, its thread
+ * perhaps another by now. */
+hak_heap_t *hak_heap_numbered(uint32_t number);
 /* A young heap's thread frees a block of block_size bytes into parked:
  * true if it parked its own heap to take that one (heap.c); the thread
  * then has it, or no heap if another thread took it first. */

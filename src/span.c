@@ -370,10 +370,17 @@ static void segment_release(run_t *r) {
 
 /* ---- the page heap (all under hak_span_lock) ---- */
 
-static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls) {
+/* The block's last page names the heap that took it from the page heap,
+ * heap_number: a thread whose first call frees it likely follows that
+ * heap's thread (hak_span_free_slow). */
+static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls, uint32_t heap_number) {
   seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)cls << 8 | HAK_PAGE_USED;
   seg->span.page_class[first] = (uint8_t)cls;
-  if (pages > 1) seg->span.page[first + pages - 1] = HAK_PAGE_TAIL;
+  if (pages > 1) seg->span.page[first + pages - 1] = heap_number << 2 | HAK_PAGE_TAIL;
+}
+/* The number of the heap that took the block at p of cls from the page heap. */
+static uint32_t block_heap_number(hak_segment_t *seg, const void *p, size_t cls) {
+  return seg->span.page[page_index(p) + class_pages(cls) - 1] >> 2;
 }
 
 /* The first n pages of run r (out of its bin) are taken; the rest, if any,
@@ -596,7 +603,8 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
  * first multiple; the pages before stay a free run. *clean tells whether
  * its memory is zero. NULL when there is no room, or (*refused) when its
  * memory is refused. */
-static void *block_take(size_t cls, unsigned align_pages, bool *clean, bool *refused) {
+static void *block_take(size_t cls, unsigned align_pages, uint32_t heap_number, bool *clean,
+                        bool *refused) {
   unsigned n = class_pages(cls), need = n + align_pages - 1;
   run_t *r = bin_find(0, need);
   if (r == NULL && apart_segments != 0)
@@ -620,7 +628,7 @@ static void *block_take(size_t cls, unsigned align_pages, bool *clean, bool *ref
   }
   *clean = run_clean(r);
   run_take_front(r, n);
-  block_mark(seg, at, n, cls);
+  block_mark(seg, at, n, cls, heap_number);
   seg->span.used_pages += n;
   pages_in_use += n;
   if (pages_in_use > pages_in_use_most) pages_in_use_most = pages_in_use;
@@ -948,7 +956,10 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
   block_freed(heap, cls, b);
-  if (heap == HAK_HEAP_EMPTY) heap = hak_heap_for_free();
+  if (heap == HAK_HEAP_EMPTY) { /* as free_heapless: the heap that took it, if any */
+    hak_heap_t *owner = hak_heap_numbered(block_heap_number(seg, p, cls));
+    heap = owner != NULL ? hak_heap_for_heir(owner) : hak_heap_for_free();
+  }
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
@@ -1065,18 +1076,18 @@ static bool growing(const hak_heap_t *heap, bool near_most, size_t cached) {
 
 /* Takes up to n blocks of cls (at multiples of align_pages pages) from
  * the page heap into taken, in the order taken (from a fresh run, by
- * address); for the first, the page heap may take a new segment. Returns
+ * address), marked as taken by the heap of heap_number; for the first, the page heap may take a new segment. Returns
  * how many; *clean tells whether they are all zero memory, *near_most
  * whether the pages in use are then within GROWTH_SLACK_PAGES of their
  * most. */
-static unsigned blocks_take(size_t cls, unsigned n, unsigned align_pages, void **taken, bool *clean,
-                            bool *near_most) {
+static unsigned blocks_take(size_t cls, unsigned n, unsigned align_pages, uint32_t heap_number,
+                            void **taken, bool *clean, bool *near_most) {
   unsigned got = 0;
   *clean = true;
   pthread_mutex_lock(&hak_span_lock);
   while (got < n) {
     bool zero, refused = false;
-    void *b = block_take(cls, align_pages, &zero, &refused);
+    void *b = block_take(cls, align_pages, heap_number, &zero, &refused);
     if (b == NULL) {
       if (got > 0 || refused) break;
       bool bulk = pages_in_use_most >= HAK_SPAN_PAGES;
@@ -1104,7 +1115,7 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, unsigned al
   void *taken[BATCH_BYTES >> HAK_PAGE_SHIFT];
   HAK_ASSERT(n <= sizeof taken / sizeof taken[0]);
   bool clean;
-  unsigned got = blocks_take(cls, n, align_pages, taken, &clean, near_most);
+  unsigned got = blocks_take(cls, n, align_pages, heap->number, taken, &clean, near_most);
   hak_block_t *head = NULL;
   for (unsigned i = got; i-- > 0;) {
     hak_set_next(taken[i], head);
@@ -1197,9 +1208,9 @@ void *hak_span_alloc_aligned(size_t size, size_t align) {
   HAK_SLOW_BEGIN();
   void *taken = NULL;
   bool clean, near_most;
-  if (blocks_take(cls, 1, align_pages, &taken, &clean, &near_most) == 0) {
+  if (blocks_take(cls, 1, align_pages, heap->number, &taken, &clean, &near_most) == 0) {
     hak_release_all(); /* as a refill does */
-    blocks_take(cls, 1, align_pages, &taken, &clean, &near_most);
+    blocks_take(cls, 1, align_pages, heap->number, &taken, &clean, &near_most);
   }
   if (taken != NULL) {
     held_add(heap, cls, 1);
@@ -1224,11 +1235,12 @@ typedef enum { RESIZED, NO_ROOM, ROOM_UNUSED } resize_t;
 static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t ncls) {
   uint32_t *pg = seg->span.page;
   unsigned first = page_index(p), n = class_pages(cls), m = class_pages(ncls);
+  uint32_t heap_number = block_heap_number(seg, p, cls);
   resize_t done = RESIZED;
   pthread_mutex_lock(&hak_span_lock);
   if (m < n) {
     pg[first + n - 1] = 0;
-    block_mark(seg, first, m, ncls);
+    block_mark(seg, first, m, ncls, heap_number);
     pages_give(seg, first + m, n - m, hak_clock_ms());
   } else {
     uint32_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
@@ -1244,7 +1256,7 @@ static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t 
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;
       run_take_front(r, m - n);
-      block_mark(seg, first, m, ncls);
+      block_mark(seg, first, m, ncls, heap_number);
       seg->span.used_pages += m - n;
       pages_in_use += m - n;
     }

@@ -321,6 +321,7 @@ struct hak_heap_s {
   uint32_t refills_at_purge; /* ...which saw this many at its last pass */
   uint32_t refills_at_install; /* ...and this many when its thread took it */
   uintptr_t token; /* its thread's hak_thread_token: the owner of its ACTIVE slabs */
+  uint32_t number; /* hak_heap_numbered's; 0 for none */
   hak_heap_t *next, *prev; /* all live heaps */
   /* Parked: its thread exited and it waits, whole, for a new thread
    * (under `lock`; free reads it unlocked as a hint). */

@@ -3964,6 +3964,7 @@ typedef struct {
   pthread_t successor;
   bool stays, cancel;
   unsigned exit_delay_us; /* the creator's pause between the free and its exit */
+  size_t size;            /* the block's, 64 B if 0 */
   atomic_int cancel_sent;
   void *block, *q, *result;
   hak_heap_t *creator, *heap;
@@ -3980,7 +3981,7 @@ static void *free_creators_block(void *arg) {
   sem_post(&h->freeing);
   h->creator_live = !__atomic_load_n(&h->creator->parked, __ATOMIC_RELAXED);
   free(h->block);
-  h->q = malloc(64);
+  h->q = malloc(h->size);
   h->heap = hak_tls_heap;
   if (h->cancel) pthread_testcancel();
   return NULL;
@@ -3988,7 +3989,7 @@ static void *free_creators_block(void *arg) {
 
 static void *hand_over(void *arg) {
   handover_t *h = arg;
-  h->block = malloc(64);
+  h->block = malloc(h->size);
   h->creator = hak_tls_heap;
   REQUIRE(pthread_create(&h->successor, NULL, free_creators_block, h) == 0);
   if (h->cancel) {
@@ -4002,6 +4003,7 @@ static void *hand_over(void *arg) {
 }
 
 static void run_handover(handover_t *h) {
+  if (h->size == 0) h->size = 64;
   sem_init(&h->freeing, 0, 0);
   pthread_t c;
   REQUIRE(pthread_create(&c, NULL, hand_over, h) == 0);
@@ -4014,8 +4016,9 @@ static void run_handover(handover_t *h) {
  * (its next malloc of the size returns the block): the tries made, or 0.
  * With another_parked, two heaps of other threads, blocks of them in use,
  * are parked first: the creator takes one, and the other is parked when
- * the successor frees; else none is but the creator's. */
-static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool another_parked) {
+ * the successor frees; else none is but the creator's. The block is of
+ * size bytes. */
+static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool another_parked, size_t size) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   for (int tries = 1; tries <= 20; tries++) {
@@ -4023,7 +4026,7 @@ static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool a
     void *first[100], *second[100];
     hak_heap_t *older, *newer;
     if (another_parked) park_two_heaps(first, second, &older, &newer);
-    handover_t h = {.exit_delay_us = exit_delay_us};
+    handover_t h = {.exit_delay_us = exit_delay_us, .size = size};
     run_handover(&h);
     bool taken = h.creator_live && h.heap == h.creator && h.q == h.block;
     free(h.q);
@@ -4042,12 +4045,13 @@ static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool a
  * milliseconds, which fails a try (the creator parked before the free, or
  * could not park within the wait) or passes one (the successor woke after
  * the park), and one process that ran undisturbed decides. */
-static int tries_in_new_processes(unsigned exit_delay_us, bool another_parked, int least, int runs) {
+static int tries_in_new_processes(unsigned exit_delay_us, bool another_parked, size_t size, int least,
+                                  int runs) {
   int tries = 0;
   for (int run = 0; run < runs && tries <= least; run++) {
     fflush(NULL);
     pid_t pid = fork();
-    if (pid == 0) _exit(tries_until_the_creators_heap_is_taken(exit_delay_us, another_parked));
+    if (pid == 0) _exit(tries_until_the_creators_heap_is_taken(exit_delay_us, another_parked, size));
     int status;
     REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
     tries = WEXITSTATUS(status);
@@ -4061,14 +4065,20 @@ static int tries_in_new_processes(unsigned exit_delay_us, bool another_parked, i
  * tries, for one whose creator could not run within the wait; a try where
  * the creator had parked before the free proves nothing. */
 TEST(new_thread_waits_for_the_heap_of_its_exiting_creator) {
-  CHECK_MSG(tries_in_new_processes(0, false, 0, 5) != 0, "not in 20 tries");
+  CHECK_MSG(tries_in_new_processes(0, false, 64, 0, 5) != 0, "not in 20 tries");
 }
 
 /* The same while another thread's heap is parked, which the successor
  * would take at once: it waits for its creator's all the same (a chain of
  * workers keeps to one heap; larson 4t 1-8 KiB, 62.9 MiB against 86.8). */
 TEST(new_thread_waits_for_its_creators_heap_while_another_is_parked) {
-  CHECK_MSG(tries_in_new_processes(0, true, 0, 5) != 0, "not in 20 tries");
+  CHECK_MSG(tries_in_new_processes(0, true, 64, 0, 5) != 0, "not in 20 tries");
+}
+
+/* The same for a span block, which lies in no heap's segment: its last
+ * page names the heap that took it from the page heap. */
+TEST(new_thread_waits_for_its_creators_heap_when_the_block_is_a_span_block) {
+  CHECK_MSG(tries_in_new_processes(0, true, 12000, 0, 5) != 0, "not in 20 tries");
 }
 
 /* A creator that parks 1 ms after its successor's free, 20 times the
@@ -4077,7 +4087,7 @@ TEST(new_thread_waits_for_its_creators_heap_while_another_is_parked) {
  * processes, not five: a bound that starts at 5 ms passes in one of about
  * 30, when its first successor takes another heap. */
 TEST(the_wait_for_the_creators_heap_learns_how_late_creators_park) {
-  int tries = tries_in_new_processes(1000, false, 1, 3);
+  int tries = tries_in_new_processes(1000, false, 64, 1, 3);
   CHECK_MSG(tries != 0, "not in 20 tries");
   CHECK_MSG(tries != 1, "the first successor waited 1 ms");
 }
