@@ -3956,6 +3956,36 @@ TEST(new_thread_takes_the_parked_heap_of_the_block_it_frees_first) {
   free(f.q);
 }
 
+/* Threads alive at once, past one chunk of the heap pool: each records
+ * its heap once it has one. */
+#define NUMBERED_THREADS 70
+static pthread_barrier_t all_have_heaps;
+
+static void *record_heap(void *arg) {
+  free(malloc(64));
+  *(hak_heap_t **)arg = hak_tls_heap;
+  pthread_barrier_wait(&all_have_heaps);
+  return NULL;
+}
+
+/* A heap's number (a span block's hint, span.c) names that heap, across
+ * the pool's chunks; 0 names none. */
+TEST(a_heaps_number_names_that_heap) {
+  hak_heap_t *heaps[NUMBERED_THREADS];
+  pthread_t t[NUMBERED_THREADS];
+  pthread_barrier_init(&all_have_heaps, NULL, NUMBERED_THREADS + 1);
+  for (int i = 0; i < NUMBERED_THREADS; i++) REQUIRE(pthread_create(&t[i], NULL, record_heap, &heaps[i]) == 0);
+  pthread_barrier_wait(&all_have_heaps);
+  for (int i = 0; i < NUMBERED_THREADS; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&all_have_heaps);
+  CHECK(hak_heap_numbered(0) == NULL);
+  for (int i = 0; i < NUMBERED_THREADS; i++) {
+    CHECK_MSG(heaps[i]->number != 0 && hak_heap_numbered(heaps[i]->number) == heaps[i], "thread %d: number %u",
+              i, heaps[i]->number);
+    for (int j = 0; j < i; j++) CHECK(heaps[j] != heaps[i] && heaps[j]->number != heaps[i]->number);
+  }
+}
+
 /* A thread creates its successor, hands it a block, and exits once the
  * successor is about to free it (or, if stays, joins it). With cancel,
  * the successor has a cancel pending when it frees. */
