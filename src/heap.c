@@ -53,11 +53,12 @@ static hak_heap_t *chunk_heap(heap_chunk_t *c, uint32_t number) {
 }
 
 hak_heap_t *hak_heap_numbered(uint32_t number) {
+  if (number == 0) return NULL;
   hak_heap_t *h = NULL;
   pthread_mutex_lock(&hak_heaps_lock);
   heap_chunk_t *c = pool_chunks;
   while (c != NULL && number < c->first_number) c = c->next;
-  if (number != 0 && c != NULL && number - c->first_number < CHUNK_HEAPS) h = chunk_heap(c, number);
+  if (c != NULL && number - c->first_number < CHUNK_HEAPS) h = chunk_heap(c, number);
   pthread_mutex_unlock(&hak_heaps_lock);
   return h;
 }
@@ -327,7 +328,7 @@ static bool heir_parked(hak_heap_t *owner) {
 hak_heap_t *hak_heap_for_heir(hak_heap_t *owner) {
   if (thread_exited) return NULL;
   hak_heap_t *h;
-  if (heir_parked(owner) && (h = heap_install(owner)) != NULL) return h;
+  if (owner != NULL && heir_parked(owner) && (h = heap_install(owner)) != NULL) return h;
   return hak_heap_get();
 }
 

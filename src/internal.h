@@ -455,9 +455,9 @@ extern const hak_heap_t hak_heap_empty;
 #define HAK_HEAP_EMPTY ((hak_heap_t *)&hak_heap_empty)
 /* The calling thread's heap, created on first use; NULL when out of memory. */
 hak_heap_t *hak_heap_get(void);
-/* The heap of a thread without one that frees a block of owner's: owner
- * if it is parked or parks soon, else as hak_heap_get's; NULL once the
- * thread's exit handler has run. */
+/* The heap of a thread without one that frees a block of owner's (NULL:
+ * of no known heap): owner if it is parked or parks soon, else as
+ * hak_heap_get's; NULL once the thread's exit handler has run. */
 hak_heap_t *hak_heap_for_heir(hak_heap_t *owner);
 /* The heap of that number (hak_heap_t.number), if any: a hint, its thread
  * perhaps another by now. */

@@ -956,10 +956,8 @@ HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
   block_freed(heap, cls, b);
-  if (heap == HAK_HEAP_EMPTY) { /* as free_heapless: the heap that took it, if any */
-    hak_heap_t *owner = hak_heap_numbered(block_heap_number(seg, p, cls));
-    heap = owner != NULL ? hak_heap_for_heir(owner) : hak_heap_for_free();
-  }
+  if (heap == HAK_HEAP_EMPTY) /* as free_heapless: the heap that took it, if any */
+    heap = hak_heap_for_heir(hak_heap_numbered(block_heap_number(seg, p, cls)));
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
@@ -1076,10 +1074,10 @@ static bool growing(const hak_heap_t *heap, bool near_most, size_t cached) {
 
 /* Takes up to n blocks of cls (at multiples of align_pages pages) from
  * the page heap into taken, in the order taken (from a fresh run, by
- * address), marked as taken by the heap of heap_number; for the first, the page heap may take a new segment. Returns
- * how many; *clean tells whether they are all zero memory, *near_most
- * whether the pages in use are then within GROWTH_SLACK_PAGES of their
- * most. */
+ * address), marked as taken by the heap of heap_number; for the first,
+ * the page heap may take a new segment. Returns how many; *clean tells
+ * whether they are all zero memory, *near_most whether the pages in use
+ * are then within GROWTH_SLACK_PAGES of their most. */
 static unsigned blocks_take(size_t cls, unsigned n, unsigned align_pages, uint32_t heap_number,
                             void **taken, bool *clean, bool *near_most) {
   unsigned got = 0;
