@@ -301,8 +301,11 @@ static void heir_wait_learn(uint64_t took) {
  * voluntary switches a run, against 195% and 40; 11 interleaved runs 1.060x
  * as fast, 4t 10-1000 1.041x, 4t 1-8 KiB 1.055x, 1t and 2t 1.00-1.015x),
  * and a core that would idle spins a little instead, which a creator
- * parking on the other core ends sooner than a wake-up would. */
+ * parking on the other core ends sooner than a wake-up would. Only for a
+ * bound of HEIR_YIELD_MIN_NS or more, learnt where creators park that late:
+ * a yield may give the CPU away for a whole slice, past a shorter bound. */
 #define HEIR_SPIN_NS 100000
+#define HEIR_YIELD_MIN_NS 500000
 #define HEIR_YIELD_RAN_NS 20000 /* a yield this long ran another thread */
 static bool heir_yield(hak_heap_t *owner, uint64_t start, uint64_t bound) {
   uint64_t now = start, spun = 0;
@@ -325,7 +328,7 @@ static bool heir_parked(hak_heap_t *owner) {
       atomic_fetch_add_explicit(&heir_skips, 1, memory_order_relaxed) % HEIR_PROBE != 0)
     return __atomic_load_n(&owner->parked, __ATOMIC_RELAXED);
   uint64_t start = hak_clock_ns(), bound = atomic_load_explicit(&heir_wait_ns, memory_order_relaxed);
-  bool yielded = heir_yield(owner, start, bound);
+  bool yielded = bound >= HEIR_YIELD_MIN_NS && heir_yield(owner, start, bound);
   /* the wait is a cancellation point, which free must not be */
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);

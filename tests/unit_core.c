@@ -4126,19 +4126,28 @@ TEST(new_thread_waits_for_its_creators_heap_when_the_block_is_a_span_block) {
 }
 
 /* The creator and its successor on one CPU, the creator runnable when the
- * successor frees its block (it waits for the free with sched_yield): the
- * successor's wait for the creator's heap yields the CPU to it, and makes
- * no voluntary context switch; a wait asleep left cores idle where threads
- * outnumber them (larson 4t 8-128, 2 cores: 185% busy against 195%). In a
- * new process, with tries until the creator was live at the free: 1 if
- * the successor then took its heap without a voluntary switch. */
+ * successor frees its block (it waits for the free with sched_yield): once
+ * creators have taught the wait a bound of milliseconds (they parked 1 ms
+ * after their successors' frees), the successor's wait for the creator's
+ * heap yields the CPU to it, and makes no voluntary context switch; a wait
+ * asleep left cores idle where threads outnumber them (larson 4t 8-128, 2
+ * cores: 185% busy against 195%). In a new process, with tries until the
+ * creator was live at the free: 1 if the successor then took its heap
+ * without a voluntary switch. */
 static int handover_on_one_cpu_yields(void) {
+  hak_opt.purge_delay_ms = 100000;
+  start_purger();
+  for (int tries = 0; tries < 20; tries++) {
+    hak_heaps_retire_parked();
+    handover_t late = {.exit_delay_us = 1000};
+    run_handover(&late);
+    free(late.q);
+    if (late.creator_live && late.heap == late.creator) break; /* the bound covers 1 ms */
+  }
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu(), &one);
   REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
-  hak_opt.purge_delay_ms = 100000;
-  start_purger();
   for (int tries = 0; tries < 20; tries++) {
     hak_heaps_retire_parked();
     handover_t h = {.creator_yields = true};
@@ -4152,12 +4161,15 @@ static int handover_on_one_cpu_yields(void) {
 }
 
 TEST(the_wait_for_the_creators_heap_yields_the_cpu) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) _exit(handover_on_one_cpu_yields());
-  int status;
-  REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
-  int result = WEXITSTATUS(status);
+  int result = 0;
+  for (int run = 0; run < 3 && result != 1; run++) { /* one undisturbed run decides */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(handover_on_one_cpu_yields());
+    int status;
+    REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    result = WEXITSTATUS(status);
+  }
   CHECK_MSG(result != 0, "the creator was never live at the free");
   CHECK_MSG(result != 2, "the successor did not take its creator's heap");
   CHECK_MSG(result != 3, "the successor's free slept");
