@@ -258,8 +258,8 @@ hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get
  * they took the heap parked longest (56.0 MiB against 60.9, 21 runs). Not
  * for the first thread's heap, which hands blocks to workers and seldom
  * exits, and not without the purger, as then heaps retire instead of
- * parking. The thread yields, then sleeps (heir_yield), so that the
- * exiting one may run on its core. Waits that time out (a parent that
+ * parking. The thread sleeps, or first yields where the bound is long
+ * (heir_yield), so that the exiting one may run on its core. Waits that time out (a parent that
  * joins its children, as in bench/forkjoin) use up a credit that parks
  * replenish; without credit, one new thread in HEIR_PROBE waits (forkjoin
  * 6 20 20: 1.00x as fast; waiting 200 us, 0.96x).
