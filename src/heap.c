@@ -44,8 +44,9 @@ struct heap_chunk_s {
   heap_chunk_t *next;
   uint32_t first_number;
 };
-#define HEAP_SIZE ((sizeof(hak_heap_t) + 63) & ~(size_t)63)
-#define CHUNK_HEAPS_AT ((sizeof(heap_chunk_t) + 63) & ~(size_t)63)
+#define LINES_OF(n) (((n) + 63) & ~(size_t)63) /* n rounded up to whole cache lines */
+#define HEAP_SIZE LINES_OF(sizeof(hak_heap_t))
+#define CHUNK_HEAPS_AT LINES_OF(sizeof(heap_chunk_t))
 #define CHUNK_HEAPS ((HAK_HEAP_CHUNK - CHUNK_HEAPS_AT) / HEAP_SIZE)
 static HAK_FORK_HELD heap_chunk_t *pool_chunks;
 
@@ -259,10 +260,11 @@ hak_heap_t *hak_heap_for_free(void) { return thread_exited ? NULL : hak_heap_get
  * for the first thread's heap, which hands blocks to workers and seldom
  * exits, and not without the purger, as then heaps retire instead of
  * parking. The thread sleeps, or first yields where the bound is long
- * (heir_yield), so that the exiting one may run on its core. Waits that time out (a parent that
- * joins its children, as in bench/forkjoin) use up a credit that parks
- * replenish; without credit, one new thread in HEIR_PROBE waits (forkjoin
- * 6 20 20: 1.00x as fast; waiting 200 us, 0.96x).
+ * (heir_yield), so that the exiting one may run on its core. Waits that
+ * time out (a parent that joins its children, as in bench/forkjoin) use up
+ * a credit that parks replenish; without credit, one new thread in
+ * HEIR_PROBE waits (forkjoin 6 20 20: 1.00x as fast; waiting 200 us,
+ * 0.96x).
  * How long to wait is learnt: twice the time the heaps waited for took to
  * park, counted from the wait's start also for a creator that parks after
  * its successor gave up, from HEIR_WAIT_MIN_NS to HEIR_WAIT_MAX_NS. Where

@@ -4089,17 +4089,32 @@ static int tries_until_the_creators_heap_is_taken(unsigned exit_delay_us, bool a
  * milliseconds, which fails a try (the creator parked before the free, or
  * could not park within the wait) or passes one (the successor woke after
  * the park), and one process that ran undisturbed decides. */
+/* fn's result (0-255) in a new process. */
+static int in_new_process(int (*fn)(const void *), const void *arg) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) _exit(fn(arg));
+  int status;
+  REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+typedef struct {
+  unsigned exit_delay_us;
+  bool another_parked;
+  size_t size;
+} handover_tries_t;
+
+static int handover_tries(const void *arg) {
+  const handover_tries_t *t = arg;
+  return tries_until_the_creators_heap_is_taken(t->exit_delay_us, t->another_parked, t->size);
+}
+
 static int tries_in_new_processes(unsigned exit_delay_us, bool another_parked, size_t size, int least,
                                   int runs) {
+  handover_tries_t t = {exit_delay_us, another_parked, size};
   int tries = 0;
-  for (int run = 0; run < runs && tries <= least; run++) {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) _exit(tries_until_the_creators_heap_is_taken(exit_delay_us, another_parked, size));
-    int status;
-    REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
-    tries = WEXITSTATUS(status);
-  }
+  for (int run = 0; run < runs && tries <= least; run++) tries = in_new_process(handover_tries, &t);
   return tries;
 }
 
@@ -4134,7 +4149,7 @@ TEST(new_thread_waits_for_its_creators_heap_when_the_block_is_a_span_block) {
  * cores: 185% busy against 195%). In a new process, with tries until the
  * creator was live at the free: 1 if the successor then took its heap
  * without a voluntary switch. */
-static int handover_on_one_cpu_yields(void) {
+static int handover_on_one_cpu_yields(const void *unused) {
   hak_opt.purge_delay_ms = 100000;
   start_purger();
   for (int tries = 0; tries < 20; tries++) {
@@ -4162,14 +4177,8 @@ static int handover_on_one_cpu_yields(void) {
 
 TEST(the_wait_for_the_creators_heap_yields_the_cpu) {
   int result = 0;
-  for (int run = 0; run < 3 && result != 1; run++) { /* one undisturbed run decides */
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) _exit(handover_on_one_cpu_yields());
-    int status;
-    REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
-    result = WEXITSTATUS(status);
-  }
+  for (int run = 0; run < 3 && result != 1; run++) /* one undisturbed run decides */
+    result = in_new_process(handover_on_one_cpu_yields, NULL);
   CHECK_MSG(result != 0, "the creator was never live at the free");
   CHECK_MSG(result != 2, "the successor did not take its creator's heap");
   CHECK_MSG(result != 3, "the successor's free slept");
