@@ -23,6 +23,7 @@ _Static_assert(HAK_MAX_SLABS == 64, "one bit per unit in a uint64_t");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HEADER - HAK_GUARD_PAGES * HAK_PAGE_SIZE,
                "segment header too big");
 _Static_assert(sizeof(hak_slab_t) == 128, "slab descriptor is two cache lines");
+_Static_assert(offsetof(hak_segment_t, unit) == 64, "free reads a unit at a one-byte displacement");
 
 /* Units first .. first + n - 1 as a mask. */
 static inline uint64_t units_mask(unsigned first, unsigned n) {

@@ -196,15 +196,17 @@ struct hak_segment_s {
   uint64_t free_units, zero_units, purged_units;
   _Atomic(hak_heap_t *) heap; /* owning heap; NULL when abandoned, cached or of spans */
   hak_segment_t *next, *prev; /* heap's segment list, or a global list */
+  /* Each unit's slab and list: free finds both with a constant shift and
+   * one load each. A slab's descriptor is slabs[its first unit]. In a span
+   * or large segment every unit maps to a descriptor whose owner is 0, so
+   * that free's fast path hands their blocks to the generic path. On
+   * whole lines, four entries to a line, after fields that fit the first:
+   * where one entry in four straddled two lines, free read both. */
+  hak_unit_t unit[HAK_MAX_SLABS] __attribute__((aligned(64)));
   size_t map_size;    /* bytes mapped from the segment start */
   size_t large_size;  /* large: usable bytes */
   size_t large_offset;/* large: block offset from the segment start */
   uint64_t cached_since_ms;
-  /* Each unit's slab and list: free finds both with a constant shift and
-   * one load each. A slab's descriptor is slabs[its first unit]. In a span
-   * or large segment every unit maps to a descriptor whose owner is 0, so
-   * that free's fast path hands their blocks to the generic path. */
-  hak_unit_t unit[HAK_MAX_SLABS];
   union {
     hak_slab_t slabs[HAK_MAX_SLABS]; /* slab segments; a large header uses slabs[0] */
     struct {
