@@ -4150,15 +4150,7 @@ TEST(new_thread_waits_for_its_creators_heap_when_the_block_is_a_span_block) {
  * creator was live at the free: 1 if the successor then took its heap
  * without a voluntary switch. */
 static int handover_on_one_cpu_yields(const void *unused) {
-  hak_opt.purge_delay_ms = 100000;
-  start_purger();
-  for (int tries = 0; tries < 20; tries++) {
-    hak_heaps_retire_parked();
-    handover_t late = {.exit_delay_us = 1000};
-    run_handover(&late);
-    free(late.q);
-    if (late.creator_live && late.heap == late.creator) break; /* the bound covers 1 ms */
-  }
+  tries_until_the_creators_heap_is_taken(1000, false, 0); /* until the bound covers 1 ms */
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu(), &one);
