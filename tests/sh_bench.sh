@@ -142,6 +142,22 @@ else
   bad "tools/matrix_runs.py (want gm rows 1.234)" "$out"
 fi
 
+# --counts reads a table of such rows back: how many runs met each target. A run
+# marked "not in the status's counts" is left out; a group counts by its lowest row.
+python3 tools/matrix_runs.py "$full" > "$tmp/runs.md"
+row=$(tail -1 "$tmp/runs.md")
+printf '%s\n' "$row" | sed 's/| 1\.060 | 1\.060 |/| 1.120 | 1.060 |/' >> "$tmp/runs.md"
+printf '%s\n' "$row" | sed "s/| full-report |/| full-x (not in the status's counts) |/" >> "$tmp/runs.md"
+if out=$(python3 tools/matrix_runs.py --counts "$tmp/runs.md" 2>&1) &&
+   grep -qx '| rm 400 | 1.10 | 2 | 1.060 | 1.120 | 1 |' <<< "$out" &&
+   grep -qx '| larson | 1.05 | 2 | 1.055 | 1.177 | 2 |' <<< "$out" &&
+   grep -qx '| cache | 1.00 | 2 | 0.995 | 1.000 | 0 |' <<< "$out" &&
+   grep -qx '| peaks | all | 2 | | | 2 |' <<< "$out"; then
+  ok "tools/matrix_runs.py --counts: runs at or over each target, marked runs left out"
+else
+  bad "tools/matrix_runs.py --counts" "$out"
+fi
+
 out=$(HAKMEM_LEAK=1 python3 bench/run --set tiny --rounds 1 --warmup 0 --only glibc,hakmem \
       --hakmem-lib "$LIBHAKMEM" --bin-dir "$BIN" --out-dir "$tmp" --tag t --no-install --no-plot -q 2>&1)
 rc=$?

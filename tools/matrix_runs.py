@@ -10,7 +10,13 @@ its workload's fastest peer, the stricter one. A workload that failed is
 left out of both and its run is marked. docs/PERFORMANCE.md's table of runs
 is this script's output.
 
+With --counts, it reads such a table of runs back from a markdown file and
+prints, for each column with a target of issue 4, how many runs met it: the
+"met?" column of docs/PERFORMANCE.md's status. A run whose report cell says
+"not in the status's counts" is left out.
+
 usage: tools/matrix_runs.py [--rounds N] bench/results/full-*.md
+       tools/matrix_runs.py --counts docs/PERFORMANCE.md
   --rounds N  leave out reports of fewer rounds (default 11)
 """
 import re
@@ -20,21 +26,22 @@ import sys
 import hakbench as hb  # beside this script
 
 PEERS = ["glibc", "mimalloc", "jemalloc", "tcmalloc"]
-COLUMNS = [  # (heading, workload prefix, how: one value, or the range of a group)
-    ("rm 400", "random_mixed ws=400", "one"),
-    ("rm 8192", "random_mixed ws=8192", "one"),
-    ("mlm 1t", "mid_large_mt 1t", "one"),
-    ("mlm 2t", "mid_large_mt 2t", "one"),
-    ("larson", "larson", "range"),
-    ("xmalloc 1p1c", "xmalloc 1p1c", "one"),
-    ("xmalloc 2p2c", "xmalloc 2p2c", "one"),
-    ("cache", "cache_", "range"),
-    ("glibc_*", "glibc_", "range"),
-    ("realloc", "realloc_chain", "one"),
-    ("large", "large", "one"),
-    ("batch", "batch", "one"),
-    ("frag", "frag", "one"),
+COLUMNS = [  # (heading, workload prefix, how: one value or the range of a group, target)
+    ("rm 400", "random_mixed ws=400", "one", 1.10),
+    ("rm 8192", "random_mixed ws=8192", "one", 1.05),
+    ("mlm 1t", "mid_large_mt 1t", "one", 1.10),
+    ("mlm 2t", "mid_large_mt 2t", "one", 1.05),
+    ("larson", "larson", "range", 1.05),
+    ("xmalloc 1p1c", "xmalloc 1p1c", "one", 1.0),
+    ("xmalloc 2p2c", "xmalloc 2p2c", "one", 1.0),
+    ("cache", "cache_", "range", 1.0),
+    ("glibc_*", "glibc_", "range", 1.0),
+    ("realloc", "realloc_chain", "one", 1.0),
+    ("large", "large", "one", 1.0),
+    ("batch", "batch", "one", 1.0),
+    ("frag", "frag", "one", 1.0),
 ]
+GM_ROWS_TARGET = 1.15  # the geometric mean over each workload's fastest peer
 
 
 def cells(line):
@@ -81,7 +88,7 @@ def parse(path):
 def row(path, parsed):
     rev, _, best, (gm_peer, gm_rows), under, n, total = parsed
     out = [f"`{rev}`", path.rsplit("/", 1)[-1].removesuffix(".md")]
-    for _, prefix, how in COLUMNS:
+    for _, prefix, how, _ in COLUMNS:
         vals = [v for w, v in best.items() if w.startswith(prefix)]
         if not vals:
             out.append("")
@@ -95,14 +102,46 @@ def row(path, parsed):
     return "| " + " | ".join(out) + " |"
 
 
+def counts(path):
+    """Per target column of the table of runs in path: runs counted, the lowest
+    and the highest value (a group's lowest row), runs at or over the target."""
+    heads, rows = None, []
+    for line in open(path):
+        if line.startswith("| commit | report |"):
+            heads = cells(line)
+        elif heads and line.startswith("| `") and "full-" in line:
+            c = cells(line)
+            if "not in the status" not in c[1]:
+                rows.append(dict(zip(heads, c)))
+    if not rows:
+        sys.exit(f"tools/matrix_runs.py: no table of runs in {path}")
+    targets = [(h, t) for h, _, _, t in COLUMNS] + [("gm rows", GM_ROWS_TARGET)]
+    print("| column | target | runs | lowest | highest | at or over the target |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for head, target in targets:
+        # a group's cell is "low–high"; "gm rows" may carry " (n of m)"
+        lows = [float(r[head].split()[0].split("–")[0]) for r in rows
+                if r.get(head, "–") not in ("", "–")]
+        highs = [float(r[head].split()[0].split("–")[-1]) for r in rows
+                 if r.get(head, "–") not in ("", "–")]
+        met = sum(v >= target for v in lows)
+        print(f"| {head} | {target:.2f} | {len(lows)} | {min(lows):.3f} | {max(highs):.3f} | {met} |")
+    peaks = [r["peaks"].split() for r in rows]
+    under = sum(p[0] == p[2] for p in peaks)
+    print(f"| peaks | all | {len(peaks)} | | | {under} |")
+    return 0
+
+
 def main(argv):
+    if len(argv) == 2 and argv[0] == "--counts":
+        return counts(argv[1])
     rounds = 11
     if len(argv) > 1 and argv[0] == "--rounds":
         rounds, argv = int(argv[1]), argv[2:]
     if not argv or argv[0].startswith("-"):
         sys.stderr.write(__doc__)
         return 2
-    heads = ["commit", "report"] + [h for h, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
+    heads = ["commit", "report"] + [h for h, _, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for path in argv:
