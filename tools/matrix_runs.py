@@ -120,10 +120,8 @@ def counts(path):
     print("|---|--:|--:|--:|--:|--:|")
     for head, target in targets:
         # a group's cell is "low–high"; "gm rows" may carry " (n of m)"
-        lows = [float(r[head].split()[0].split("–")[0]) for r in rows
-                if r.get(head, "–") not in ("", "–")]
-        highs = [float(r[head].split()[0].split("–")[-1]) for r in rows
-                 if r.get(head, "–") not in ("", "–")]
+        ends = [r[head].split()[0].split("–") for r in rows if r.get(head, "–") not in ("", "–")]
+        lows, highs = [float(e[0]) for e in ends], [float(e[-1]) for e in ends]
         met = sum(v >= target for v in lows)
         print(f"| {head} | {target:.2f} | {len(lows)} | {min(lows):.3f} | {max(highs):.3f} | {met} |")
     peaks = [r["peaks"].split() for r in rows]
