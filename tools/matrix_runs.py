@@ -42,6 +42,7 @@ COLUMNS = [  # (heading, workload prefix, how: one value or the range of a group
     ("frag", "frag", "one", 1.0),
 ]
 GM_ROWS_TARGET = 1.15  # the geometric mean over each workload's fastest peer
+HEADS = ["commit", "report"] + [h for h, _, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
 
 
 def cells(line):
@@ -105,14 +106,14 @@ def row(path, parsed):
 def counts(path):
     """Per target column of the table of runs in path: runs counted, the lowest
     and the highest value (a group's lowest row), runs at or over the target."""
-    heads, rows = None, []
+    heads, rows = False, []
     for line in open(path):
-        if line.startswith("| commit | report |"):
-            heads = cells(line)
+        if line.startswith("|") and cells(line) == HEADS:
+            heads = True
         elif heads and line.startswith("| `") and "full-" in line:
             c = cells(line)
             if "not in the status" not in c[1]:
-                rows.append(dict(zip(heads, c)))
+                rows.append(dict(zip(HEADS, c)))
     if not rows:
         sys.exit(f"tools/matrix_runs.py: no table of runs in {path}")
     targets = [(h, t) for h, _, _, t in COLUMNS] + [("gm rows", GM_ROWS_TARGET)]
@@ -139,9 +140,8 @@ def main(argv):
     if not argv or argv[0].startswith("-"):
         sys.stderr.write(__doc__)
         return 2
-    heads = ["commit", "report"] + [h for h, _, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
-    print("| " + " | ".join(heads) + " |")
-    print("|" + "---|" * len(heads))
+    print("| " + " | ".join(HEADS) + " |")
+    print("|" + "---|" * len(HEADS))
     for path in argv:
         parsed = parse(path)
         if parsed[1] >= rounds:
