@@ -573,7 +573,7 @@ static size_t cache_limit(void) {
  * bytes of free chunks. The bound learns: a block that faults in pages
  * within the delay of such a trim doubles it (at least to the block's
  * size); a pass that finds chunks idle for the delay halves it. */
-static _Atomic size_t calls_keep; /* written under hak_large_lock */
+static HAK_NEAR_DATA _Atomic size_t calls_keep; /* written under hak_large_lock */
 static HAK_NEAR_DATA uint64_t calls_trim_ms; /* the last such trim, 0 before any */
 
 static void calls_keep_learn(size_t map_size) {
@@ -1051,8 +1051,8 @@ bool hak_large_kept_release(hak_heap_t *heap, bool force) {
  * The next sweep's time is set as one starts: a sweeper that waits for a
  * CPU among hundreds of threads held off the others (184.8 MiB against
  * 137.0 when it was set as one ended). */
-static _Atomic uint64_t kept_next_sweep_ms;
-static _Atomic size_t kept_swept_heaps; /* how many the last sweep looked at */
+static HAK_NEAR_DATA _Atomic uint64_t kept_next_sweep_ms;
+static HAK_NEAR_DATA _Atomic size_t kept_swept_heaps; /* how many the last sweep looked at */
 
 static void kept_sweep(void) {
   uint64_t now = hak_clock_ms();

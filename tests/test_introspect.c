@@ -511,6 +511,27 @@ static long library_data_kib(bool writable) {
   return (long)(bytes >> 10);
 }
 
+/* Areas of /proc/self/maps in the library's bss (past the file's part),
+ * writable or read-only; -1 if unknown. */
+static int library_bss_areas(bool writable) {
+  present_t w = {0};
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (dl_iterate_phdr(find_library_data, &w) != 1 || f == NULL) {
+    if (f) fclose(f);
+    return -1;
+  }
+  uintptr_t bss = (w.file_end + 4095) & ~(uintptr_t)4095;
+  char line[512], perms[8];
+  unsigned long lo, hi;
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (perms[1] == 'w') == writable && hi > bss &&
+        lo < w.end)
+      n++;
+  fclose(f);
+  return n;
+}
+
 /* A program that never forks: a purge pass a second after its first
  * segment makes the segment map's unused bytes read-only, which the kernel
  * does not charge to its commit (a fork does it at once; unit_core tests
@@ -519,7 +540,9 @@ static long library_data_kib(bool writable) {
  * (20 KiB) and the map's pages from the top of the address space down to
  * its lowest segment, one per 16 GiB: up to 256 KiB where the kernel's
  * randomization puts the mappings 1 TiB down. Less than 512 KiB in all
- * (the span pool's table of chunks made it 1 MiB more).
+ * (the span pool's table of chunks made it 1 MiB more). The map's tail and
+ * the large tables make one read-only area, no variable between them: each
+ * area costs every fork a copy (large.c's small variables are in .data).
  * Span blocks freed after the second, then small blocks for 600 ms (three
  * delays), make the program's own calls pass. */
 static int map_trim_child(void) {
@@ -529,10 +552,14 @@ static int map_trim_child(void) {
   drain(fill(512, 16000), 512);
   for (uint64_t t0 = now_ms(); now_ms() - t0 < 600;) drain(fill(2000, 300), 2000);
   long later = library_data_kib(false), writable = library_data_kib(true);
+  int areas_read_only = library_bss_areas(false), areas_writable = library_bss_areas(true);
   printf("    read-only KiB of the library's data: %ld at the first segment, %ld 1.7 s later, "
-         "when %ld KiB are writable\n",
-         first, later, writable);
-  return first >= 0 && first < 1024 && later >= 33000 && writable >= 0 && writable < 512 ? 0 : 1;
+         "when %ld KiB are writable; the bss in %d writable and %d read-only areas\n",
+         first, later, writable, areas_writable, areas_read_only);
+  return first >= 0 && first < 1024 && later >= 33000 && writable >= 0 && writable < 512 &&
+                 areas_writable == 1 && areas_read_only == 1
+             ? 0
+             : 1;
 }
 
 TEST(a_second_after_its_first_segment_the_segment_map_is_read_only_but_what_segments_use) {
