@@ -490,46 +490,35 @@ TEST(a_forked_child_writes_one_page_of_the_librarys_data_the_one_its_exit_writes
   run_child("--fork-pages-child");
 }
 
-/* KiB of the library's data and bss that /proc/self/maps shows writable,
- * or read-only (its relocated .data.rel.ro, and the segment map once
- * trimmed); -1 if unknown. */
-static long library_data_kib(bool writable) {
+/* The areas of /proc/self/maps in the library's data and bss (only its bss,
+ * past the file's part, with bss_only) that are writable, or read-only (its
+ * relocated .data.rel.ro, and the segment map once trimmed): how many, and
+ * their KiB in *kib; -1 if unknown. */
+static int library_areas(bool bss_only, bool writable, long *kib) {
   present_t w = {0};
   FILE *f = fopen("/proc/self/maps", "r");
   if (dl_iterate_phdr(find_library_data, &w) != 1 || f == NULL) {
     if (f) fclose(f);
     return -1;
   }
+  uintptr_t from = bss_only ? (w.file_end + 4095) & ~(uintptr_t)4095 : w.start;
   char line[512], perms[8];
   unsigned long lo, hi;
   size_t bytes = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (perms[1] == 'w') == writable &&
-        hi > w.start && lo < w.end)
-      bytes += (hi < w.end ? hi : w.end) - (lo > w.start ? lo : w.start);
-  fclose(f);
-  return (long)(bytes >> 10);
-}
-
-/* Areas of /proc/self/maps in the library's bss (past the file's part),
- * writable or read-only; -1 if unknown. */
-static int library_bss_areas(bool writable) {
-  present_t w = {0};
-  FILE *f = fopen("/proc/self/maps", "r");
-  if (dl_iterate_phdr(find_library_data, &w) != 1 || f == NULL) {
-    if (f) fclose(f);
-    return -1;
-  }
-  uintptr_t bss = (w.file_end + 4095) & ~(uintptr_t)4095;
-  char line[512], perms[8];
-  unsigned long lo, hi;
   int n = 0;
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (perms[1] == 'w') == writable && hi > bss &&
-        lo < w.end)
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (perms[1] == 'w') == writable && hi > from &&
+        lo < w.end) {
+      bytes += (hi < w.end ? hi : w.end) - (lo > from ? lo : from);
       n++;
+    }
   fclose(f);
+  if (kib) *kib = (long)(bytes >> 10);
   return n;
+}
+static long library_data_kib(bool writable) {
+  long kib = -1;
+  return library_areas(false, writable, &kib) < 0 ? -1 : kib;
 }
 
 /* A program that never forks: a purge pass a second after its first
@@ -552,7 +541,8 @@ static int map_trim_child(void) {
   drain(fill(512, 16000), 512);
   for (uint64_t t0 = now_ms(); now_ms() - t0 < 600;) drain(fill(2000, 300), 2000);
   long later = library_data_kib(false), writable = library_data_kib(true);
-  int areas_read_only = library_bss_areas(false), areas_writable = library_bss_areas(true);
+  int areas_read_only = library_areas(true, false, NULL);
+  int areas_writable = library_areas(true, true, NULL);
   printf("    read-only KiB of the library's data: %ld at the first segment, %ld 1.7 s later, "
          "when %ld KiB are writable; the bss in %d writable and %d read-only areas\n",
          first, later, writable, areas_writable, areas_read_only);
