@@ -399,6 +399,7 @@ static int page_exclusive(const void *p) { return pagemap_bit(p, 56); }
 typedef struct {
   uintptr_t start, end, lowest, highest;
   uintptr_t file_end; /* the end of the part from the file, where the bss begins */
+  uintptr_t bss_page; /* the first page wholly of the bss: the file's part ends before it */
 } present_t;
 static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) {
   present_t *w = arg;
@@ -409,6 +410,7 @@ static int find_library_data(struct dl_phdr_info *info, size_t size, void *arg) 
       w->start = (info->dlpi_addr + ph->p_vaddr) & ~(uintptr_t)4095;
       w->end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
       w->file_end = info->dlpi_addr + ph->p_vaddr + ph->p_filesz;
+      w->bss_page = (w->file_end + 4095) & ~(uintptr_t)4095;
     }
   }
   return 1;
@@ -476,7 +478,7 @@ static int fork_pages_child(void) {
     /* the bss's first byte: on the page where the file's part ends, or on
      * the next if the bss is aligned to a page (hakmem's is) */
     _exit(n == 1 && (copied[0] == (w.file_end & ~(uintptr_t)4095) ||
-                     copied[0] == ((w.file_end + 4095) & ~(uintptr_t)4095))
+                     copied[0] == w.bss_page)
               ? 0
               : 1);
   }
@@ -501,7 +503,7 @@ static int library_areas(bool bss_only, bool writable, long *kib) {
     if (f) fclose(f);
     return -1;
   }
-  uintptr_t from = bss_only ? (w.file_end + 4095) & ~(uintptr_t)4095 : w.start;
+  uintptr_t from = bss_only ? w.bss_page : w.start;
   char line[512], perms[8];
   unsigned long lo, hi;
   size_t bytes = 0;
