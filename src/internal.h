@@ -35,7 +35,9 @@
 #define HAK_FORK_HELD __attribute__((section(".data")))
 /* A small variable of segmap.c or large.c, whose bss follows the 32 MiB
  * segment map: there, its page written would cost every fork a page table
- * of its own (a fork loop 1.024x as long). */
+ * of its own (a fork loop 1.024x as long), and it would split the area
+ * that the trim makes read-only, the map's tail and the large tables, in
+ * two (test_introspect counts the bss's areas). */
 #define HAK_NEAR_DATA __attribute__((section(".data")))
 
 #ifndef HAK_DEBUG
