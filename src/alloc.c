@@ -6,8 +6,9 @@
  * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
  * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
+  if (hak_class_is_span(cls)) return hak_span_malloc_slow(size, heap, cls, true); /* page-aligned */
   void *b = hak_heap_pop(heap, cls);
-  if (HAK_UNLIKELY(b == NULL)) return hak_refill_class(size, heap, cls);
+  if (HAK_UNLIKELY(b == NULL)) return hak_heap_refill(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
   return b;
 }
@@ -55,15 +56,18 @@ void *hak_alloc_zero(size_t count, size_t size) {
   /* Only a span refill may hand out zero memory (heap->clean); a list may
    * hold blocks freed since. */
   bool clean = false;
-  void *p = hak_heap_pop(heap, cls);
+  void *p = hak_class_is_span(cls) ? hak_span_pop(heap, cls, !hak_span_fits(cls, total + HAK_CANARY))
+                                   : hak_heap_pop(heap, cls);
   if (p != NULL) {
     HAK_CSTAT_ALLOC(cls, total);
   } else {
     if ((p = hak_refill_class(total, heap, cls)) == NULL) return NULL;
     clean = hak_tls_heap->clean[cls];
   }
-  /* A never-used block of fresh memory holds only its old list words. */
-  memset(p, 0, clean && total > HAK_SPAN_LINK_BYTES ? HAK_SPAN_LINK_BYTES : total);
+  /* A never-used block of fresh memory holds only its old list words, at
+   * its colour (a block moved to its page's start is cleared whole). */
+  bool words_only = clean && total > HAK_SPAN_LINK_BYTES && hak_page_offset(p) == hak_span_colour(p);
+  memset(p, 0, words_only ? HAK_SPAN_LINK_BYTES : total);
   return p;
 }
 
@@ -85,15 +89,18 @@ static size_t slab_block_size(hak_segment_t *seg, const void *p) {
  * through 6.5 and 7 KiB). The span classes step by a quarter of a power
  * of two already. A block grown past GROWN_LARGE_MIN becomes a large one,
  * which grows again in place where span blocks from 320 KiB to 1 MiB would
- * be copied from class to class. */
+ * be copied from class to class. A grown span block starts at its page,
+ * where the whole class is its room, not the class less its colour (at
+ * colours, realloc_chain's strings moved twice a class). */
 #define GROWN_LARGE_MIN ((size_t)256 * 1024)
 void *hak_realloc_block(size_t size, size_t old) {
-  bool small_step = size > old && size - old <= old / 4;
+  if (size <= old) return hak_malloc_inline(size);
+  if (size > GROWN_LARGE_MIN - HAK_CANARY) return hak_large_alloc_grown(size, size - old <= old / 4);
   size_t more = old + old / 4;
   if (more > HAK_SLAB_MAX - HAK_CANARY) more = HAK_SLAB_MAX - HAK_CANARY + 1;
-  return size > old && size > GROWN_LARGE_MIN - HAK_CANARY
-             ? hak_large_alloc_grown(size, small_step)
-             : hak_malloc_inline(small_step && more > size ? more : size);
+  size_t n = size - old <= old / 4 && more > size ? more : size;
+  size_t cls = hak_size_class(n + HAK_CANARY);
+  return hak_class_is_span(cls) ? hak_span_malloc_slow(n, hak_tls_heap, cls, true) : hak_malloc_inline(n);
 }
 
 HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
@@ -127,7 +134,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
  * slab in use will do, as nothing changes: a block of a FULL slab (a string
  * that grew a while ago) took the generic path, and which one did was a
  * branch the processor could not predict. size 0 never fits (old / 2 >= 4).
- * A span block is checked by its page's class byte, as free checks it;
+ * A span block is checked by its first page's entry, as free checks it;
  * the segment map tells the tiers apart, so it reads nothing of a slab. */
 void *hak_realloc_impl(void *p, size_t size) {
   uint8_t m = hak_segmap_of(p); /* NONE for NULL; the arena's blocks go generic */
@@ -143,9 +150,9 @@ void *hak_realloc_impl(void *p, size_t size) {
         return hak_realloc_move(p, size, old);
     }
   } else if (m == HAK_SEGMAP_SPANS) {
-    size_t cls = seg->span.page_class[hak_span_page_index(p)];
-    size_t old = hak_class_size[cls] - HAK_CANARY;
-    if (HAK_LIKELY(hak_span_is_block(cls, p) && size <= old && size >= old / 2)) return p;
+    uint16_t e = hak_span_entry(seg, p);
+    size_t old = hak_span_block_bytes(hak_span_entry_class(e), p) - HAK_CANARY;
+    if (HAK_LIKELY(hak_span_entry_is_block(e, p) && size <= old && size >= old / 2)) return p;
   }
   return realloc_generic(p, size);
 }

@@ -2,7 +2,11 @@
  * whole pages of a span segment of its own, so that the pages a freed block
  * gives back serve a block of any size: a program whose sizes move, or that
  * frees every other block and then asks for bigger ones, reuses them, where
- * slabs of one class kept them for that class alone.
+ * slabs of one class kept them for that class alone. A block starts at a
+ * colour of its first page (internal.h: hak_span_colour), so that the
+ * first lines of blocks on different pages fall in different cache sets;
+ * a size that does not fit after every colour, or an alignment, takes it
+ * at its page's start, where it then stays.
  *
  * Two levels. Each thread keeps a cache of free blocks per class: the
  * heap's list of the class, which malloc's fast path pops as it pops a slab
@@ -372,10 +376,12 @@ static void segment_release(run_t *r) {
 
 /* The block's last page names the heap that took it from the page heap,
  * heap_number: a thread whose first call frees it likely follows that
- * heap's thread (hak_span_free_slow). */
-static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls, uint32_t heap_number) {
+ * heap's thread (hak_span_free_slow). It starts `offset` bytes into its
+ * first page (a colour, or 0). */
+static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls, uint32_t heap_number,
+                       uintptr_t offset) {
   seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)cls << 8 | HAK_PAGE_USED;
-  seg->span.page_class[first] = (uint8_t)cls;
+  seg->span.page_block[first] = (uint16_t)(offset >> 6 << 8 | cls);
   if (pages > 1) seg->span.page[first + pages - 1] = heap_number << 2 | HAK_PAGE_TAIL;
 }
 /* The number of the heap that took the block at p of cls from the page heap. */
@@ -569,7 +575,7 @@ static bool runs_merge_idle(uint64_t before) {
 /* Pages first .. first + n - 1 of seg, a block's, are free again. */
 static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t now) {
   seg->span.page[first] = seg->span.page[first + n - 1] = 0;
-  seg->span.page_class[first] = 0;
+  seg->span.page_block[first] = 0;
   seg->span.used_pages -= n;
   pages_in_use -= n;
   run_t *r = run_new(seg, first, n, RUN_DIRTY);
@@ -596,7 +602,8 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
 }
 
 /* A block of class cls at a multiple of align_pages pages (a power of
- * two; the segment is aligned to more): the shortest committed run that
+ * two; the segment is aligned to more; 1: the block at its first page's
+ * colour, hak_span_colour): the shortest committed run that
  * fits, merged with the runs apart beside it if it is longer; else the
  * first that runs apart make; else the shortest zero run. An aligned block
  * looks for a run long enough to hold one at any start, and cuts it at the
@@ -628,11 +635,13 @@ static void *block_take(size_t cls, unsigned align_pages, uint32_t heap_number, 
   }
   *clean = run_clean(r);
   run_take_front(r, n);
-  block_mark(seg, at, n, cls, heap_number);
+  uint8_t *b = page_addr(seg, at);
+  uintptr_t offset = align_pages == 1 ? hak_span_colour(b) : 0;
+  block_mark(seg, at, n, cls, heap_number, offset);
   seg->span.used_pages += n;
   pages_in_use += n;
   if (pages_in_use > pages_in_use_most) pages_in_use_most = pages_in_use;
-  return page_addr(seg, at);
+  return b + offset;
 }
 
 /* The block at p goes back to the page heap. */
@@ -799,13 +808,15 @@ static bool transfer_purge(bool force) {
 
 /* ---- checks ---- */
 
-/* A page-aligned pointer inside a free run that was in use: a block freed
- * already. Anything else is no block. */
+/* A pointer where a block may start (a line of the first KiB of a page)
+ * inside a free run that was in use: a block freed already. Anything else
+ * is no block. */
 static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, const void *p) {
   bool freed = false;
   unsigned i = page_index(p);
   pthread_mutex_lock(&hak_span_lock);
-  if (hak_is_page_start(p) && i >= HAK_SPAN_FIRST_PAGE) {
+  uintptr_t off = hak_page_offset(p);
+  if (off % 64 == 0 && off <= HAK_SPAN_COLOUR_MAX && i >= HAK_SPAN_FIRST_PAGE) {
     unsigned j = i;
     while (j > HAK_SPAN_FIRST_PAGE && seg->span.page[j] == 0) j--;
     uint32_t w = seg->span.page[j];
@@ -823,13 +834,13 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
  * start of a block not given back to the page heap. A pointer at the very
  * end of the segment reads the header's page word, which is 0. */
 HAK_INLINE size_t block_class(hak_segment_t *seg, const void *p) {
-  uint32_t w = seg->span.page[page_index(p)];
-  if (HAK_UNLIKELY(!hak_span_word_is_block(w, p))) bad_block(seg, p);
-  return hak_span_word_class(w);
+  uint16_t e = hak_span_entry(seg, p);
+  if (HAK_UNLIKELY(!hak_span_entry_is_block(e, p))) bad_block(seg, p);
+  return hak_span_entry_class(e);
 }
 
 size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
-  return hak_class_size[block_class(seg, p)] - HAK_CANARY;
+  return hak_span_block_bytes(block_class(seg, p), p) - HAK_CANARY;
 }
 
 /* ---- thread caches ---- */
@@ -943,7 +954,7 @@ void hak_span_heap_retire(hak_heap_t *heap) {
 /* free's checks of block b of class cls, counted as freed. */
 static void block_freed(hak_heap_t *heap, size_t cls, hak_block_t *b) {
   if (heap->free[cls] == b) hak_double_free(b); /* the sentinel's lists are empty */
-  hak_block_check_free(b, hak_class_size[cls]);
+  hak_block_check_free(b, hak_span_block_bytes(cls, b));
   HAK_CSTAT_FREE(cls);
 }
 
@@ -1135,8 +1146,8 @@ static unsigned fill_size(hak_heap_t *heap, size_t c) {
 }
 
 /* The refill of the heap's empty cache of cls, with blocks at multiples
- * of align_pages pages; pops one. */
-static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pages) {
+ * of align_pages pages (1: at their colours); pops one (hak_span_pop). */
+static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pages, bool at_page) {
   HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
   if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY) && (heap = hak_heap_get()) == NULL) {
     errno = ENOMEM;
@@ -1174,12 +1185,19 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
     size_t cached = caches_bytes(heap);
     if (cached > TRIM_FRESH_BYTES && !growing(heap, near_most, cached)) trim_unused(heap);
   }
-  void *b = hak_heap_pop(heap, cls);
+  void *b = hak_span_pop(heap, cls, at_page);
   HAK_SLOW_END();
   return hak_refill_done(b, cls, size);
 }
 
-void *hak_span_refill(size_t size, hak_heap_t *heap, size_t cls) { return refill(size, heap, cls, 1); }
+void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t cls, bool at_page) {
+  if (cls >= HAK_CLASSES) cls -= HAK_SPAN_CLASSES; /* malloc's number for a size at a page's start */
+  at_page |= !hak_span_fits(cls, size + HAK_CANARY);
+  void *b = hak_span_pop(heap, cls, at_page);
+  if (b == NULL) return refill(size, heap, cls, 1, at_page);
+  HAK_CSTAT_ALLOC(cls, size);
+  return b;
+}
 
 /* A block of size bytes at a multiple of align (8 KiB-1 MiB), of the class
  * of the size rounded up to align if that is at most twice as much (such
@@ -1197,11 +1215,11 @@ void *hak_span_alloc_aligned(size_t size, size_t align) {
   unsigned align_pages = (unsigned)(align >> HAK_PAGE_SHIFT);
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = heap->free[cls];
-  if (b == NULL) return refill(size, heap, cls, align_pages);
-  if (((uintptr_t)b & (align - 1)) == 0) {
-    hak_heap_pop(heap, cls);
+  if (b == NULL) return refill(size, heap, cls, align_pages, true);
+  if ((hak_page_down((uintptr_t)b) & (align - 1)) == 0) {
+    void *p = hak_span_pop(heap, cls, true);
     HAK_CSTAT_ALLOC(cls, size);
-    return b;
+    return p;
   }
   HAK_SLOW_BEGIN();
   void *taken = NULL;
@@ -1238,7 +1256,7 @@ static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t 
   pthread_mutex_lock(&hak_span_lock);
   if (m < n) {
     pg[first + n - 1] = 0;
-    block_mark(seg, first, m, ncls, heap_number);
+    block_mark(seg, first, m, ncls, heap_number, hak_page_offset(p));
     pages_give(seg, first + m, n - m, hak_clock_ms());
   } else {
     uint32_t w = first + n < HAK_SPAN_PAGES ? pg[first + n] : 0;
@@ -1254,7 +1272,7 @@ static resize_t resize_in_place(hak_segment_t *seg, void *p, size_t cls, size_t 
       bin_remove(r);
       pg[first + n - 1] = pg[first + n] = 0;
       run_take_front(r, m - n);
-      block_mark(seg, first, m, ncls, heap_number);
+      block_mark(seg, first, m, ncls, heap_number, hak_page_offset(p));
       seg->span.used_pages += m - n;
       pages_in_use += m - n;
     }
@@ -1285,14 +1303,15 @@ static void *move_giving_back(void *p, size_t size, size_t old, size_t cls) {
 }
 
 void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
-  size_t cls = block_class(seg, p), old = hak_class_size[cls] - HAK_CANARY;
+  size_t cls = block_class(seg, p), off = hak_page_offset(p);
+  size_t old = hak_class_size[cls] - off - HAK_CANARY;
   if (size <= old && size >= old / 2) return p;
   resize_t done = NO_ROOM;
-  if (size + HAK_CANARY > HAK_SLAB_MAX && size <= HAK_BIG_MAX - HAK_CANARY) {
-    size_t ncls = hak_size_class(size + HAK_CANARY);
+  if (size + HAK_CANARY > HAK_SLAB_MAX && size <= HAK_BIG_MAX - HAK_CANARY - off) {
+    size_t ncls = hak_size_class(size + HAK_CANARY + off); /* p stays at its colour */
     done = resize_in_place(seg, p, cls, ncls);
     if (done == RESIZED) {
-      hak_block_resized(p, hak_class_size[ncls]);
+      hak_block_resized(p, hak_class_size[ncls] - off);
       HAK_CSTAT_FREE(cls);
       HAK_CSTAT_ALLOC(ncls, size);
       return p;

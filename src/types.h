@@ -90,6 +90,12 @@ _Static_assert(HAK_SLAB_CLASSES < 64, "a mask of slab classes fits a word");
 #define HAK_CLASSES 81
 #define HAK_ATTACH_MAX 4 /* slabs of a class attached to its heap at once */
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
+/* A span block starts at a colour of its first page, up to this offset
+ * (internal.h, hak_span_colour). The sizes of a span class that do not
+ * fit after the largest have a class number of their own in malloc's
+ * table, HAK_SPAN_CLASSES higher, whose list is always empty: malloc's
+ * slow path serves them at a block's page start. */
+#define HAK_SPAN_COLOUR_MAX ((size_t)960)
 /* Alignments up to this are served from slabs and spans; larger ones by
  * large blocks. */
 #define HAK_SLAB_ALIGN_MAX ((size_t)4096)
@@ -219,10 +225,12 @@ struct hak_segment_s {
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run's handle; every other page 0. */
       uint32_t page[HAK_SPAN_PAGES];
-      /* The class of a block on its first page, 0 elsewhere: what free's
-       * fast path reads, 64 pages to a line where the words hold 16 (with
-       * 400 blocks of 8-32 KiB live, words of 8 bytes overflowed L1). */
-      uint8_t page_class[HAK_SPAN_PAGES];
+      /* On a block's first page its class, and in the high byte where on
+       * the page the block starts, in lines (its colour, or 0); 0
+       * elsewhere. What free's fast path reads, 32 pages to a line where
+       * the words hold 16 (with 400 blocks of 8-32 KiB live, words of 8
+       * bytes overflowed L1). */
+      uint16_t page_block[HAK_SPAN_PAGES];
     } span;
   };
 };
@@ -240,9 +248,11 @@ typedef struct {
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
  * free[c] of a slab class holds blocks of the slabs attached[c] only;
- * free[c] of a span class is the thread's cache of free spans of c. */
+ * free[c] of a span class is the thread's cache of free spans of c; the
+ * lists past the classes, those of malloc's numbers for the sizes a span
+ * class serves at a page's start (HAK_SPAN_COLOUR_MAX), stay empty. */
 struct hak_heap_s {
-  hak_block_t *free[HAK_CLASSES];
+  hak_block_t *free[HAK_CLASSES + HAK_SPAN_CLASSES];
   /* The class of each size up to HAK_TABLE_MAX, indexed by the size
    * itself (two instructions fewer than hak_fast_class's (size + 15) >> 4):
    * the sentinel's (heap.c), copied into every heap. malloc reads it at

@@ -228,9 +228,10 @@ static void do_free_not_handed_out(int fd) {
 }
 TEST(free_of_a_block_not_handed_out_yet_aborts) { expect_abort(do_free_not_handed_out, INVALID); }
 
-/* Blocks of 8 KiB to 256 KiB are runs of whole pages (spans): a pointer
- * into a span's second page, and the first page after the last span
- * handed out (never used: no block freed there before). */
+/* Blocks of 8 KiB to 1 MiB are runs of whole pages (spans), each starting
+ * at a colour of its first page (a line in its first KiB) or at the page:
+ * a pointer into a span's second page, and the first page after the last
+ * span handed out (never used: no block freed there before). */
 static void do_free_span_interior(int fd) {
   char *p = malloc(100000);
   REQUIRE(p);
@@ -249,6 +250,28 @@ static void do_free_past_spans(int fd) {
 TEST(free_of_a_page_never_handed_out_in_a_span_segment_aborts) {
   expect_abort(do_free_past_spans, INVALID);
 }
+
+/* The start of the page of a span block at a colour, and the line after
+ * a span block's start: where other blocks start, not this one. */
+static void do_free_span_page_start(int fd) {
+  char *p = NULL;
+  for (int i = 0; i < 16 && (p == NULL || ((uintptr_t)p & 4095) == 0); i++) p = malloc(10000);
+  REQUIRE(p && ((uintptr_t)p & 4095) != 0);
+  char *s = (char *)((uintptr_t)p & ~(uintptr_t)4095);
+  announce(fd, s);
+  free(s);
+}
+TEST(free_of_the_page_start_of_a_span_at_a_colour_aborts) {
+  expect_abort(do_free_span_page_start, INVALID);
+}
+
+static void do_free_span_next_line(int fd) {
+  char *p = malloc(10000);
+  REQUIRE(p);
+  announce(fd, p + 64);
+  free(p + 64);
+}
+TEST(free_of_the_line_after_a_span_start_aborts) { expect_abort(do_free_span_next_line, INVALID); }
 
 static void do_realloc_stack(int fd) {
   char local[64];

@@ -39,6 +39,9 @@ TEST(class_is_smallest_fitting) {
     if (size <= HAK_TABLE_MAX)
       CHECK_MSG(hak_heap_empty.small_class[size] == cls, "size %zu: the heaps' table says %u", size,
                 hak_heap_empty.small_class[size]);
+    size_t number = hak_class_is_span(cls) && !hak_span_fits(cls, size) ? cls + HAK_SPAN_CLASSES : cls;
+    CHECK_MSG(hak_fast_class[(size + 15) >> 4] == number, "size %zu: malloc's number %u, not %zu", size,
+              hak_fast_class[(size + 15) >> 4], number);
     if (th_failed_here > 5) return;
   }
 }
@@ -2036,9 +2039,10 @@ TEST(a_class_whose_block_came_back_doubles_its_slabs_past_8_units) {
 static uint32_t page_word(const void *p) {
   return hak_segment_of(p)->span.page[hak_span_page_index(p)];
 }
-static size_t page_class(const void *p) {
-  return hak_segment_of(p)->span.page_class[hak_span_page_index(p)];
-}
+static size_t page_class(const void *p) { return hak_span_entry_class(hak_span_entry(hak_segment_of(p), p)); }
+/* The first page of span block p (which starts at that page's colour, or
+ * at the page). */
+static uint8_t *page_start(const void *p) { return (uint8_t *)hak_page_down((uintptr_t)p); }
 
 /* The class an aligned span block takes: that of the size rounded up to
  * the alignment if that is at most twice the size, else the size's own. */
@@ -2138,8 +2142,9 @@ TEST(aligned_and_plain_span_blocks_at_random_keep_their_bytes) {
   for (int k = 0; k < SLOTS; k++) free(p[k]);
 }
 
-/* Blocks of the span classes: page-aligned, their class and length in
- * their first page's word. */
+/* Blocks of the span classes: at their first page's colour, or at the
+ * page for a size that does not fit after every colour; their class and
+ * length in their first page's word. */
 TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
   size_t sizes[] = {HAK_SLAB_MAX + 1, 8192, 8193, 20000, 40000, 100000, HAK_BIG_MAX};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -2148,16 +2153,18 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
     hak_segment_t *seg = hak_segment_of(p);
     REQUIRE(seg != NULL);
     CHECK(seg->kind == HAK_KIND_SPANS);
-    CHECK(((uintptr_t)p & (HAK_PAGE_SIZE - 1)) == 0);
-    CHECK(hak_span_page_index(p) >= HAK_SPAN_FIRST_PAGE);
     size_t cls = hak_size_class(sizes[i]);
+    CHECK(hak_page_offset(p) == (hak_span_fits(cls, sizes[i] + HAK_CANARY) ? hak_span_colour(p) : 0));
+    CHECK(hak_span_page_index(p) >= HAK_SPAN_FIRST_PAGE);
     uint32_t w = page_word(p);
-    CHECK(hak_span_word_is_block(w, p));
+    CHECK((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
     CHECK(hak_span_word_class(w) == cls);
     CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
-    CHECK(page_class(p) == cls && hak_span_is_block(page_class(p), p)); /* realloc's test */
+    uint16_t e = hak_span_entry(seg, p); /* free's and realloc's test */
+    CHECK(hak_span_entry_class(e) == cls && hak_span_entry_is_block(e, p));
+    CHECK(!hak_span_entry_is_block(e, p + 64) && !hak_span_entry_is_block(e, page_start(p) + (hak_page_offset(p) ? 0 : 64)));
     CHECK(page_class(p + HAK_PAGE_SIZE) == 0);
-    CHECK(malloc_usable_size(p) == hak_class_size[cls]);
+    CHECK(malloc_usable_size(p) == hak_class_size[cls] - hak_page_offset(p) - HAK_CANARY);
     CHECK(hak_slab_of(seg, p)->owner == 0); /* free's slab test fails: the span path */
     memset(p, 1, sizes[i]);
     free(p);
@@ -2256,6 +2263,70 @@ static void fill_span_batches(void) {
   hak_tls_heap->span_filled = ~UINT64_C(0);
 }
 
+/* Blocks of one class from one fill start at colours that differ from
+ * page to page, each the one its page's entry gives. */
+TEST(span_blocks_start_at_their_pages_colours) {
+  enum { N = 32 };
+  fill_span_batches();
+  uint8_t *p[N];
+  unsigned seen = 0;
+  for (int i = 0; i < N; i++) {
+    REQUIRE((p[i] = malloc(10000)) != NULL);
+    uint16_t e = hak_span_entry(hak_segment_of(p[i]), p[i]);
+    CHECK(hak_page_offset(p[i]) == hak_span_colour(p[i]) && hak_span_entry_offset(e) == hak_page_offset(p[i]));
+    seen |= 1u << (hak_page_offset(p[i]) >> 6);
+  }
+  CHECK_MSG(__builtin_popcount(seen) >= 8, "%d colours in %d blocks", __builtin_popcount(seen), N);
+  for (int i = 0; i < N; i++) free(p[i]);
+}
+
+/* A size that does not fit after every colour of its class has malloc's
+ * own number (an empty list): it takes a block at its page's start, which
+ * stays there when freed and taken again by any size of the class. */
+TEST(a_size_past_the_largest_colour_starts_at_its_page) {
+  size_t cls = hak_size_class(10000), big = hak_class_size[cls] - HAK_CANARY;
+  REQUIRE(hak_span_fits(cls, 10000) && !hak_span_fits(cls, big + HAK_CANARY));
+  CHECK(hak_fast_class[(big + HAK_CANARY + 15) >> 4] == cls + HAK_SPAN_CLASSES);
+  CHECK(hak_tls_heap->free[cls + HAK_SPAN_CLASSES] == NULL);
+  free(malloc(10000)); /* the cache's head: a block at its colour */
+  uint8_t *head = (uint8_t *)hak_tls_heap->free[cls];
+  REQUIRE(head != NULL);
+  uint8_t *p = malloc(big);
+  REQUIRE(p != NULL);
+  CHECK(hak_page_offset(p) == 0 && malloc_usable_size(p) == big);
+  CHECK(p == page_start(head)); /* the head, moved to its page */
+  CHECK(hak_span_entry_offset(hak_span_entry(hak_segment_of(p), p)) == 0);
+  memset(p, 3, big);
+  free(p);
+  uint8_t *q = malloc(10000);
+  CHECK(q == p);
+  free(q);
+}
+
+/* calloc of such a size on fresh pages clears the list words the fill
+ * wrote at the block's colour too, not only those at its page's start. */
+static void *calloc_past_colours(void *arg) {
+  static const size_t sizes[] = {12288, 20480, 40960, 65536};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t n = sizes[i] - HAK_CANARY;
+    uint8_t *p = calloc(1, n);
+    REQUIRE(p != NULL);
+    size_t nonzero = 0;
+    for (size_t k = 0; k < n; k++) nonzero += p[k] != 0;
+    CHECK_MSG(nonzero == 0, "%zu bytes of calloc(1, %zu) not zero", nonzero, n);
+    *(int *)arg += hak_span_colour(p) != 0; /* its words were elsewhere */
+    free(p);
+  }
+  return NULL;
+}
+TEST(calloc_of_a_size_past_the_colours_is_zero) {
+  flush_span_caches();
+  hak_release_all(); /* the fills take zero pages: calloc clears only what they wrote */
+  int moved = 0;
+  run_thread(calloc_past_colours, &moved);
+  CHECK(moved > 0);
+}
+
 /* Polls cond every 10 ms for up to 3 s: a span run freed while the program
  * grows (as a test's own allocations make it) waits HAK_GROWTH_WAIT purge
  * delays, not one. */
@@ -2292,8 +2363,8 @@ static void spans_in_a_row_freed(size_t sa, size_t sb, bool a_first, uint8_t **a
   hak_release_all();
   *a = malloc(sa), *b = malloc(sb), *guard = malloc(sa);
   REQUIRE(*a && *b && *guard);
-  REQUIRE(*b == *a + hak_class_size[hak_size_class(sa + HAK_CANARY)] &&
-          *guard == *b + hak_class_size[hak_size_class(sb + HAK_CANARY)]);
+  REQUIRE(page_start(*b) == page_start(*a) + hak_class_size[hak_size_class(sa + HAK_CANARY)] &&
+          page_start(*guard) == page_start(*b) + hak_class_size[hak_size_class(sb + HAK_CANARY)]);
   memset(*a, 1, sa);
   memset(*b, 1, sb);
   free(a_first ? *a : *b);
@@ -2310,8 +2381,8 @@ TEST(adjacent_free_spans_merge_when_a_block_needs_them) {
   uint32_t w = page_word(a);
   REQUIRE((w & HAK_PAGE_TAG) == HAK_PAGE_FREE);
   CHECK((page_word(b) & HAK_PAGE_TAG) == HAK_PAGE_FREE && page_word(b) != w); /* apart */
-  uint8_t *c = malloc(81920); /* no dirty run fits: the two make one */
-  CHECK(c == a);
+  uint8_t *c = malloc(81920); /* no dirty run fits: the two make one (at its page: no room for a colour) */
+  CHECK(c == page_start(a));
   CHECK(page_word(b) == 0); /* inside c */
   free(c);
   free(guard);
@@ -2532,15 +2603,16 @@ TEST(span_realloc_grows_into_new_pages_only_when_no_used_run_fits) {
   fill_span_batches();
   hak_release_all();
   uint8_t *x = malloc(60000), *g1 = malloc(20000), *g2 = malloc(20000), *a = malloc(20000);
-  REQUIRE(x && g1 && g2 && a && g1 == x + 65536 && g2 == g1 + 20480 && a == g2 + 20480);
+  REQUIRE(x && g1 && g2 && a && page_start(g1) == page_start(x) + 65536 &&
+          page_start(g2) == page_start(g1) + 20480 && page_start(a) == page_start(g2) + 20480);
   fill(a, 20000, 3);
   uint8_t *r = realloc(a, 40000); /* no free run of used pages: in place */
   CHECK(r == a);
   CHECK(malloc_usable_size(r) == 40960);
   free(x);
   flush_span_caches(); /* x's 16 pages: a free run of used pages */
-  uint8_t *s = realloc(r, 45000);
-  CHECK(s == x);
+  uint8_t *s = realloc(r, 45000); /* grown: at the page */
+  CHECK(s == page_start(x));
   CHECK(verify(s, 20000, 3) == 20000);
   CHECK(malloc_usable_size(s) == 49152);
   CHECK((page_word(a) & HAK_PAGE_TAG) == HAK_PAGE_FREE); /* not in a cache */
@@ -2556,7 +2628,8 @@ TEST(span_realloc_gives_a_big_block_it_moves_to_the_page_heap) {
   flush_span_caches();
   hak_release_all();
   uint8_t *s = malloc(20000), *s2 = malloc(20000), *a = malloc(40000), *guard = malloc(40000);
-  REQUIRE(s && s2 && a && guard && s2 == s + 20480 && guard == a + 40960);
+  REQUIRE(s && s2 && a && guard && page_start(s2) == page_start(s) + 20480 &&
+          page_start(guard) == page_start(a) + 40960);
   fill(s, 20000, 4);
   fill(a, 40000, 5);
   uint8_t *t = realloc(s, 30000), *b = realloc(a, 60000); /* no room after either */

@@ -4,7 +4,9 @@
 usage: tools/gen_class_tables.py fast|small   (prints the .inc to stdout)
 
   fast  src/class_table.inc: entry i is the class of 16*i bytes,
-        i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, sizes over HAK_TABLE_MAX)
+        i = 0 .. HAK_FAST_MAX / 16 (hak_fast_class, sizes over HAK_TABLE_MAX),
+        or HAK_SPAN_CLASSES more for a span class's sizes that do not fit
+        after its largest colour
   small src/small_class_table.inc: entry s is the class of s bytes,
         s = 0 .. HAK_TABLE_MAX (every heap's small_class, which malloc
         reads first)
@@ -42,16 +44,26 @@ def main():
     sizes = [int(x) for x in re.findall(r"\d+", m.group(1))]
     types = read("src/types.h")
 
+    slab_max, colour_max = constant(types, "HAK_SLAB_MAX"), constant(types, "HAK_SPAN_COLOUR_MAX")
+    span_classes = sum(1 for s in sizes if s > slab_max)
+
     def cls(n):
         n = max(n, 1)
         return next(i for i, s in enumerate(sizes) if s >= n)
 
+    def malloc_number(n):
+        c = cls(n)
+        span_at_page = sizes[c] > slab_max and n + colour_max > sizes[c]
+        return c + span_classes if span_at_page else c
+
     if sys.argv[1] == "fast":
         last = constant(types, "HAK_FAST_MAX") // 16
         head = ("/* Generated from hak_class_size by tools/gen_class_tables.py: entry i is\n"
-                " * the smallest class whose block holds 16*i bytes, i = 0..%d.\n"
+                " * the smallest class whose block holds 16*i bytes, i = 0..%d, or for a\n"
+                " * span class whose largest colour leaves no room for them, its number\n"
+                " * plus HAK_SPAN_CLASSES (HAK_SPAN_COLOUR_MAX).\n"
                 " * unit_core.class_is_smallest_fitting checks every size against it. */" % last)
-        values, per_line = [cls(16 * i) for i in range(last + 1)], 16
+        values, per_line = [malloc_number(16 * i) for i in range(last + 1)], 16
     else:
         last = constant(types, "HAK_TABLE_MAX")
         head = ("/* Generated from hak_class_size by tools/gen_class_tables.py: entry s is\n"
