@@ -374,9 +374,8 @@ HAK_INLINE uintptr_t hak_page_offset(const void *p) { return (uintptr_t)p & (HAK
  * its blocks 256 B further apart from one page to the next. */
 HAK_INLINE uintptr_t hak_span_colour(const void *p) {
   uintptr_t a = (uintptr_t)p;
-  return (((a >> 4) ^ a) >> 6) & 0x3c0; /* page number bits 0-3 xor 4-7, in lines */
+  return (((a >> 4) ^ a) >> 6) & HAK_SPAN_COLOUR_MAX; /* page number bits 0-3 xor 4-7, as lines */
 }
-_Static_assert(HAK_SPAN_COLOUR_MAX == 0x3c0, "the largest colour");
 /* Whether `need` bytes fit after every colour of a block of span class cls. */
 HAK_INLINE bool hak_span_fits(size_t cls, size_t need) {
   return need + HAK_SPAN_COLOUR_MAX <= hak_class_size[cls];
@@ -392,7 +391,7 @@ HAK_INLINE uint16_t hak_span_entry(const hak_segment_t *seg, const void *p) {
   return seg->span.page_block[hak_span_page_index(p)];
 }
 HAK_INLINE size_t hak_span_entry_class(uint16_t e) { return (uint8_t)e; }
-HAK_INLINE uintptr_t hak_span_entry_offset(uint16_t e) { return ((uintptr_t)e & 0xff00) >> 2; } /* lines */
+HAK_INLINE uintptr_t hak_span_entry_offset(uint16_t e) { return ((uintptr_t)e & 0xff00) >> 2; } /* lines x 64 */
 /* Whether p starts a block in use, e being its page's entry. */
 HAK_INLINE bool hak_span_entry_is_block(uint16_t e, const void *p) {
   return hak_page_offset(p) == hak_span_entry_offset(e) && hak_span_entry_class(e) != 0;

@@ -95,7 +95,7 @@ _Static_assert(HAK_SLAB_CLASSES < 64, "a mask of slab classes fits a word");
  * fit after the largest have a class number of their own in malloc's
  * table, HAK_SPAN_CLASSES higher, whose list is always empty: malloc's
  * slow path serves them at a block's page start. */
-#define HAK_SPAN_COLOUR_MAX ((size_t)960)
+#define HAK_SPAN_COLOUR_MAX ((size_t)960) /* 15 lines: also the colour's bit mask */
 /* Alignments up to this are served from slabs and spans; larger ones by
  * large blocks. */
 #define HAK_SLAB_ALIGN_MAX ((size_t)4096)
