@@ -67,13 +67,13 @@ HAK_COLD __attribute__((noreturn, format(printf, 1, 2))) void hak_fatal(const ch
 extern const uint32_t hak_class_size[HAK_CLASSES];
 extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 
-/* Class of a size <= HAK_BIG_MAX (the table's numbers past the classes
- * are malloc's, HAK_SPAN_COLOUR_MAX). */
+/* The class of malloc's number for a size: the numbers past the classes
+ * are those of the sizes a span class serves at a page's start
+ * (HAK_SPAN_COLOUR_MAX). */
+HAK_INLINE size_t hak_class_of_number(size_t n) { return n < HAK_CLASSES ? n : n - HAK_SPAN_CLASSES; }
+/* Class of a size <= HAK_BIG_MAX. */
 _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
-HAK_INLINE size_t hak_size_class(size_t size) {
-  size_t c = hak_fast_class[(size + 15) >> 4];
-  return c < HAK_CLASSES ? c : c - HAK_SPAN_CLASSES;
-}
+HAK_INLINE size_t hak_size_class(size_t size) { return hak_class_of_number(hak_fast_class[(size + 15) >> 4]); }
 HAK_INLINE bool hak_class_is_span(size_t cls) { return cls >= HAK_SLAB_CLASSES; }
 
 /* ---- os.c: the only place that talks to the kernel ---- */
@@ -396,12 +396,11 @@ HAK_INLINE uintptr_t hak_span_entry_offset(uint16_t e) { return ((uintptr_t)e & 
 HAK_INLINE bool hak_span_entry_is_block(uint16_t e, const void *p) {
   return hak_page_offset(p) == hak_span_entry_offset(e) && hak_span_entry_class(e) != 0;
 }
-/* malloc's slow path for a span class (or malloc's number for the sizes
- * it serves at a page's start, HAK_SPAN_COLOUR_MAX): a block of the cache,
- * else a refill of it (creating a new thread's heap first); NULL with
- * ENOMEM when out of memory. at_page: at its page's start, whatever the
- * size. */
-HAK_NOINLINE void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t cls, bool at_page);
+/* malloc's slow path for a span class, given as malloc's number for the
+ * size (hak_class_of_number): a block of the class's cache, else a refill
+ * of it (creating a new thread's heap first); NULL with ENOMEM when out of
+ * memory. at_page: at its page's start, whatever the size. */
+HAK_NOINLINE void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number, bool at_page);
 /* A span block of size bytes at a multiple of align (> HAK_SLAB_ALIGN_MAX,
  * <= HAK_BIG_MAX); NULL with ENOMEM when out of memory. */
 void *hak_span_alloc_aligned(size_t size, size_t align);

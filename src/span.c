@@ -1190,8 +1190,8 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
   return hak_refill_done(b, cls, size);
 }
 
-void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t cls, bool at_page) {
-  if (cls >= HAK_CLASSES) cls -= HAK_SPAN_CLASSES; /* malloc's number for a size at a page's start */
+void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number, bool at_page) {
+  size_t cls = hak_class_of_number(number);
   at_page |= !hak_span_fits(cls, size + HAK_CANARY);
   void *b = hak_span_pop(heap, cls, at_page);
   if (b == NULL) return refill(size, heap, cls, 1, at_page);
