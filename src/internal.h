@@ -392,6 +392,8 @@ HAK_INLINE uint16_t hak_span_entry(const hak_segment_t *seg, const void *p) {
 }
 HAK_INLINE size_t hak_span_entry_class(uint16_t e) { return (uint8_t)e; }
 HAK_INLINE uintptr_t hak_span_entry_offset(uint16_t e) { return ((uintptr_t)e & 0xff00) >> 2; } /* lines x 64 */
+/* The entry of a block of cls starting `offset` bytes (a colour, or 0) into its first page. */
+HAK_INLINE uint16_t hak_span_entry_make(size_t cls, uintptr_t offset) { return (uint16_t)(offset >> 6 << 8 | cls); }
 /* Whether p starts a block in use, e being its page's entry. */
 HAK_INLINE bool hak_span_entry_is_block(uint16_t e, const void *p) {
   return hak_page_offset(p) == hak_span_entry_offset(e) && hak_span_entry_class(e) != 0;
@@ -789,7 +791,8 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
 /* Span block b, at its colour, starts at its page from now on. */
 HAK_INLINE uint8_t *hak_span_move_to_page(uint8_t *b) {
   hak_segment_t *seg = (hak_segment_t *)((uintptr_t)b & ~(uintptr_t)HAK_SEG_MASK);
-  seg->span.page_block[hak_span_page_index(b)] &= 0xff;
+  uint16_t *e = &seg->span.page_block[hak_span_page_index(b)];
+  *e = hak_span_entry_make(hak_span_entry_class(*e), 0);
   return (uint8_t *)hak_page_down((uintptr_t)b);
 }
 /* Pops a block of span class cls: where it starts, or at its page's start
@@ -839,6 +842,8 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
   hak_block_t **list = hak_heap_head(heap, cls);
   hak_block_t *head = *list;
   unsigned limit = heap->span_limit_of[cls];
+  /* the offset test of hak_span_entry_is_block; its class test, before the
+   * others, put a taken jump on this path */
   if (HAK_LIKELY(hak_page_offset(p) == hak_span_entry_offset(e) && head != NULL && cls >= HAK_SLAB_CLASSES)) {
     uintptr_t held = *hak_span_depth(head);
     if (HAK_LIKELY(held < limit && head != p)) {

@@ -381,7 +381,7 @@ static void segment_release(run_t *r) {
 static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls, uint32_t heap_number,
                        uintptr_t offset) {
   seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)cls << 8 | HAK_PAGE_USED;
-  seg->span.page_block[first] = (uint16_t)(offset >> 6 << 8 | cls);
+  seg->span.page_block[first] = hak_span_entry_make(cls, offset);
   if (pages > 1) seg->span.page[first + pages - 1] = heap_number << 2 | HAK_PAGE_TAIL;
 }
 /* The number of the heap that took the block at p of cls from the page heap. */
