@@ -6,7 +6,7 @@
  * thread's sentinel heap is replaced there); NULL with ENOMEM when out of
  * memory. */
 static void *alloc_class(hak_heap_t *heap, size_t cls, size_t size) {
-  if (hak_class_is_span(cls)) return hak_span_malloc_slow(size, heap, cls, true); /* page-aligned */
+  if (hak_class_is_span(cls)) return hak_span_malloc_slow(size, heap, hak_span_at_page(cls));
   void *b = hak_heap_pop(heap, cls);
   if (HAK_UNLIKELY(b == NULL)) return hak_heap_refill(size, heap, cls);
   HAK_CSTAT_ALLOC(cls, size);
@@ -52,22 +52,19 @@ void *hak_alloc_zero(size_t count, size_t size) {
   }
   if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
   hak_heap_t *heap = hak_tls_heap;
-  size_t cls = hak_size_class(total + HAK_CANARY);
+  size_t number = hak_fast_class[(total + HAK_CANARY + 15) >> 4];
   /* Only a span refill may hand out zero memory (heap->clean); a list may
    * hold blocks freed since. */
   bool clean = false;
-  void *p = hak_class_is_span(cls) ? hak_span_pop(heap, cls, !hak_span_fits(cls, total + HAK_CANARY))
-                                   : hak_heap_pop(heap, cls);
+  void *p = hak_heap_pop(heap, number);
   if (p != NULL) {
-    HAK_CSTAT_ALLOC(cls, total);
+    HAK_CSTAT_ALLOC(number, total);
   } else {
-    if ((p = hak_refill_class(total, heap, cls)) == NULL) return NULL;
-    clean = hak_tls_heap->clean[cls];
+    if ((p = hak_refill_class(total, heap, number)) == NULL) return NULL;
+    clean = hak_tls_heap->clean[number];
   }
-  /* A never-used block of fresh memory holds only its old list words, at
-   * its colour (a block moved to its page's start is cleared whole). */
-  bool words_only = clean && total > HAK_SPAN_LINK_BYTES && hak_page_offset(p) == hak_span_colour(p);
-  memset(p, 0, words_only ? HAK_SPAN_LINK_BYTES : total);
+  /* A never-used block of fresh memory holds only its list words. */
+  memset(p, 0, clean && total > HAK_SPAN_LINK_BYTES ? HAK_SPAN_LINK_BYTES : total);
   return p;
 }
 
@@ -100,7 +97,7 @@ void *hak_realloc_block(size_t size, size_t old) {
   if (more > HAK_SLAB_MAX - HAK_CANARY) more = HAK_SLAB_MAX - HAK_CANARY + 1;
   size_t n = size - old <= old / 4 && more > size ? more : size;
   size_t cls = hak_size_class(n + HAK_CANARY);
-  return hak_class_is_span(cls) ? hak_span_malloc_slow(n, hak_tls_heap, cls, true) : hak_malloc_inline(n);
+  return hak_class_is_span(cls) ? hak_span_malloc_slow(n, hak_tls_heap, hak_span_at_page(cls)) : hak_malloc_inline(n);
 }
 
 HAK_NOINLINE void *hak_realloc_move(void *p, size_t size, size_t old) {
@@ -151,7 +148,7 @@ void *hak_realloc_impl(void *p, size_t size) {
     }
   } else if (m == HAK_SEGMAP_SPANS) {
     uint16_t e = hak_span_entry(seg, p);
-    size_t old = hak_span_block_bytes(hak_span_entry_class(e), p) - HAK_CANARY;
+    size_t old = hak_span_block_bytes(hak_span_entry_number(e), p) - HAK_CANARY;
     if (HAK_LIKELY(hak_span_entry_is_block(e, p) && size <= old && size >= old / 2)) return p;
   }
   return realloc_generic(p, size);

@@ -568,10 +568,10 @@ void hak_heaps_usage(hak_usage_t *u) {
   hak_span_usage(u);
   /* This thread's own lists are free blocks, not used ones. */
   hak_heap_t *me = hak_tls_heap;
-  for (size_t c = 0; c < HAK_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_NUMBERS; c++) {
     size_t n = 0;
     for (hak_block_t *b = me->free[c]; b; b = hak_next(b)) n++;
-    hak_usage_unused(u, c, n);
+    hak_usage_unused(u, hak_class_of_number(c), n);
   }
   hak_segment_usage_abandoned(u);
 }

@@ -64,13 +64,16 @@ HAK_COLD __attribute__((noreturn, format(printf, 1, 2))) void hak_fatal(const ch
 #endif
 
 /* ---- size classes (classes.c) ---- */
-extern const uint32_t hak_class_size[HAK_CLASSES];
+/* The block size of each class, and of each of malloc's numbers past them. */
+extern const uint32_t hak_class_size[HAK_NUMBERS];
 extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 
 /* The class of malloc's number for a size: the numbers past the classes
- * are those of the sizes a span class serves at a page's start
+ * are those of the lists of span blocks at their page's start
  * (HAK_SPAN_COLOUR_MAX). */
 HAK_INLINE size_t hak_class_of_number(size_t n) { return n < HAK_CLASSES ? n : n - HAK_SPAN_CLASSES; }
+/* The number of the list of span class cls's blocks at their page's start. */
+HAK_INLINE size_t hak_span_at_page(size_t cls) { return cls + HAK_SPAN_CLASSES; }
 /* Class of a size <= HAK_BIG_MAX. */
 _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
 HAK_INLINE size_t hak_size_class(size_t size) { return hak_class_of_number(hak_fast_class[(size + 15) >> 4]); }
@@ -365,9 +368,9 @@ HAK_INLINE uintptr_t hak_page_up(uintptr_t a) { return hak_page_down(a + HAK_PAG
 /* p's offset in its page. */
 HAK_INLINE uintptr_t hak_page_offset(const void *p) { return (uintptr_t)p & (HAK_PAGE_SIZE - 1); }
 /* A span block starts at its first page's colour, one of 16 lines of the
- * first KiB chosen by the page's address, unless the size asked does not
- * fit after it (or an alignment asks for the page): then at the page's
- * start. Page-aligned blocks put their first lines, which malloc's pop
+ * first KiB chosen by the page's address, unless it is one of its class's
+ * blocks at their page's start (hak_span_at_page: for the sizes that do
+ * not fit after every colour, and alignments). Page-aligned blocks put their first lines, which malloc's pop
  * and the program read and write, in one set of L1 and 16 of L2's 1,024
  * sets (on the AMD hosts: 128 lines for all of them); the floor allocator
  * with page-multiple classes ran mid_large_mt 8-32 KiB 1.04x faster with
@@ -376,33 +379,30 @@ HAK_INLINE uintptr_t hak_span_colour(const void *p) {
   uintptr_t a = (uintptr_t)p;
   return (((a >> 4) ^ a) >> 6) & HAK_SPAN_COLOUR_MAX; /* page number bits 0-3 xor 4-7, as lines */
 }
-/* Whether `need` bytes fit after every colour of a block of span class cls. */
-HAK_INLINE bool hak_span_fits(size_t cls, size_t need) {
-  return need + HAK_SPAN_COLOUR_MAX <= hak_class_size[cls];
-}
-/* The bytes of span block p of class cls: from p to the end of its pages. */
+/* The bytes of span block p of class (or number) cls: from p to the end of its pages. */
 HAK_INLINE size_t hak_span_block_bytes(size_t cls, const void *p) {
   return hak_class_size[cls] - hak_page_offset(p);
 }
 HAK_INLINE size_t hak_span_word_class(uint32_t w) { return (size_t)(uint8_t)(w >> 8); }
-/* The page_block entry of p's page, and what it tells: the class of the
- * block that starts there (0: none), and where on the page it starts. */
+/* The page_block entry of p's page, and what it tells: malloc's number
+ * of the block that starts there, the cache free puts it in (its class, or
+ * hak_span_at_page's; 0: none), and where on the page it starts. */
 HAK_INLINE uint16_t hak_span_entry(const hak_segment_t *seg, const void *p) {
   return seg->span.page_block[hak_span_page_index(p)];
 }
-HAK_INLINE size_t hak_span_entry_class(uint16_t e) { return (uint8_t)e; }
+HAK_INLINE size_t hak_span_entry_number(uint16_t e) { return (uint8_t)e; }
 HAK_INLINE uintptr_t hak_span_entry_offset(uint16_t e) { return ((uintptr_t)e & 0xff00) >> 2; } /* lines x 64 */
-/* The entry of a block of cls starting `offset` bytes (a colour, or 0) into its first page. */
-HAK_INLINE uint16_t hak_span_entry_make(size_t cls, uintptr_t offset) { return (uint16_t)(offset >> 6 << 8 | cls); }
+/* The entry of a block of number n starting `offset` bytes (a colour, or 0) into its first page. */
+HAK_INLINE uint16_t hak_span_entry_make(size_t n, uintptr_t offset) { return (uint16_t)(offset >> 6 << 8 | n); }
 /* Whether p starts a block in use, e being its page's entry. */
 HAK_INLINE bool hak_span_entry_is_block(uint16_t e, const void *p) {
-  return hak_page_offset(p) == hak_span_entry_offset(e) && hak_span_entry_class(e) != 0;
+  return hak_page_offset(p) == hak_span_entry_offset(e) && hak_span_entry_number(e) != 0;
 }
-/* malloc's slow path for a span class, given as malloc's number for the
- * size (hak_class_of_number): a block of the class's cache, else a refill
- * of it (creating a new thread's heap first); NULL with ENOMEM when out of
- * memory. at_page: at its page's start, whatever the size. */
-HAK_NOINLINE void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number, bool at_page);
+/* malloc's slow path for a span class, given as malloc's number (the
+ * class, or hak_span_at_page's): a block of that cache, else of the
+ * class's other one, else a refill (creating a new thread's heap first);
+ * NULL with ENOMEM when out of memory. */
+HAK_NOINLINE void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number);
 /* A span block of size bytes at a multiple of align (> HAK_SLAB_ALIGN_MAX,
  * <= HAK_BIG_MAX); NULL with ENOMEM when out of memory. */
 void *hak_span_alloc_aligned(size_t size, size_t align);
@@ -623,8 +623,10 @@ extern hak_gstats_t hak_gstats;
 #define HAK_STAT_ADD(f, n) atomic_fetch_add_explicit(&hak_gstats.f, (n), memory_order_relaxed)
 #define HAK_STAT_SUB(f, n) atomic_fetch_sub_explicit(&hak_gstats.f, (n), memory_order_relaxed)
 void hak_stats_mapped(size_t n, bool on);
+#define HAK_STATS_LARGE HAK_NUMBERS /* the per-class counters' index of large blocks */
 #if HAK_STATS
-/* Exact per-class counters (stats and debug builds only). */
+/* Exact per-class counters (stats and debug builds only), given a class,
+ * malloc's number, or HAK_STATS_LARGE. */
 void hak_stats_class_alloc(size_t cls, size_t size);
 void hak_stats_class_free(size_t cls);
 size_t hak_stats_live_blocks(void); /* blocks allocated and not freed */
@@ -788,23 +790,6 @@ HAK_INLINE void *hak_heap_pop(hak_heap_t *heap, size_t cls) {
     hak_block_handout(b, hak_class_is_span(cls) ? hak_span_block_bytes(cls, b) : hak_class_size[cls]);
   return b;
 }
-/* Span block b, at its colour, starts at its page from now on. */
-HAK_INLINE uint8_t *hak_span_move_to_page(uint8_t *b) {
-  hak_segment_t *seg = (hak_segment_t *)((uintptr_t)b & ~(uintptr_t)HAK_SEG_MASK);
-  uint16_t *e = &seg->span.page_block[hak_span_page_index(b)];
-  *e = hak_span_entry_make(hak_span_entry_class(*e), 0);
-  return (uint8_t *)hak_page_down((uintptr_t)b);
-}
-/* Pops a block of span class cls: where it starts, or at its page's start
- * (page-aligned, for a size its colour may leave no room for). */
-HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls, bool at_page) {
-  uint8_t *b = (uint8_t *)hak_list_pop(heap, cls);
-  if (HAK_LIKELY(b != NULL)) {
-    if (at_page && hak_page_offset(b) != 0) b = hak_span_move_to_page(b);
-    hak_block_handout(b, hak_span_block_bytes(cls, b));
-  }
-  return b;
-}
 
 /* A block of a span class's cache holds, in its third word (after the
  * link and, in checked builds, the free tag), how many blocks its list
@@ -815,44 +800,44 @@ HAK_INLINE void *hak_span_pop(hak_heap_t *heap, size_t cls, bool at_page) {
 HAK_INLINE uintptr_t *hak_span_depth(hak_block_t *b) { return &((uintptr_t *)b)[2]; }
 /* The words of a span block its cache's list writes. */
 #define HAK_SPAN_LINK_BYTES (3 * sizeof(uintptr_t))
-/* Blocks in the heap's cache of span class cls. */
-HAK_INLINE unsigned hak_span_count(const hak_heap_t *heap, size_t cls) {
-  hak_block_t *head = heap->free[cls];
+/* Blocks in the heap's span cache of malloc's number n. */
+HAK_INLINE unsigned hak_span_count(const hak_heap_t *heap, size_t n) {
+  hak_block_t *head = heap->free[n];
   return head ? (unsigned)*hak_span_depth(head) : 0;
 }
-/* The cache of span class c (counted from 0) held `held` blocks before a
+/* Span cache c (counted from 0) held `held` blocks before a
  * push: the fewest since the last trim is noted (span.c: trim_unused). */
 HAK_INLINE void hak_span_low_note(hak_heap_t *heap, size_t c, unsigned held) {
   if (HAK_UNLIKELY(held < heap->span_low[c])) heap->span_low[c] = (uint16_t)held;
 }
 
-/* free of a block of span segment seg: onto this thread's cache of its
- * class, unless it is not a block in use (not at its page's start or
- * colour, or on a page
- * of class 0, a slab class, whose list's third words are not read), or the
- * cache is empty (the sentinel's are) or full, or the block is the one
- * freed just before. The list head and the limit are read before the
+/* free of a block of span segment seg: onto the thread's cache its entry
+ * names (of its class, or of its class's blocks at their page's start),
+ * unless it is not a block in use (not where its entry says it starts, or
+ * on a page of number 0, a slab class, whose list's third words are not
+ * read), or the cache is empty (the sentinel's are) or full, or the block
+ * is the one freed just before. The list head and the limit are read before the
  * stores, which the compiler could not otherwise tell apart from them; the
  * head's depth before the test of the block freed just before (two tests
  * merged into one branch ran mid_large_mt 2t 8-32 KiB at 0.97x). */
 HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
   uint16_t e = hak_span_entry(seg, p);
-  size_t cls = hak_span_entry_class(e);
+  size_t number = hak_span_entry_number(e);
   hak_heap_t *heap = hak_tls_heap;
-  hak_block_t **list = hak_heap_head(heap, cls);
+  hak_block_t **list = hak_heap_head(heap, number);
   hak_block_t *head = *list;
-  unsigned limit = heap->span_limit_of[cls];
-  /* the offset test of hak_span_entry_is_block; its class test, before the
-   * others, put a taken jump on this path */
-  if (HAK_LIKELY(hak_page_offset(p) == hak_span_entry_offset(e) && head != NULL && cls >= HAK_SLAB_CLASSES)) {
+  unsigned limit = heap->span_limit_of[number];
+  /* the offset test of hak_span_entry_is_block; its number test, before
+   * the others, put a taken jump on this path */
+  if (HAK_LIKELY(hak_page_offset(p) == hak_span_entry_offset(e) && head != NULL && number >= HAK_SLAB_CLASSES)) {
     uintptr_t held = *hak_span_depth(head);
     if (HAK_LIKELY(held < limit && head != p)) {
-      hak_block_check_free(p, hak_span_block_bytes(cls, p));
-      HAK_CSTAT_FREE(cls);
+      hak_block_check_free(p, hak_span_block_bytes(number, p));
+      HAK_CSTAT_FREE(number);
       hak_set_next(p, head);
       *hak_span_depth(p) = held + 1;
       *list = p;
-      hak_span_low_note(heap, cls - HAK_SLAB_CLASSES, (unsigned)held);
+      hak_span_low_note(heap, number - HAK_SLAB_CLASSES, (unsigned)held);
       return;
     }
   }
@@ -861,10 +846,9 @@ HAK_INLINE void hak_span_free_inline(hak_segment_t *seg, void *p) {
 
 /* ---- fast paths ---- */
 
-/* The refill of a class of either tier. */
+/* The refill of a class of either tier (for a span class, of malloc's number). */
 HAK_INLINE void *hak_refill_class(size_t size, hak_heap_t *heap, size_t cls) {
-  return hak_class_is_span(cls) ? hak_span_malloc_slow(size, heap, cls, false)
-                                : hak_heap_refill(size, heap, cls);
+  return hak_class_is_span(cls) ? hak_span_malloc_slow(size, heap, cls) : hak_heap_refill(size, heap, cls);
 }
 
 /* With refill false, NULL for an empty list or a large size: a caller
@@ -883,7 +867,7 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
   }
   if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
     /* a class, or malloc's number for the sizes a span class serves at a
-     * page's start (an empty list: HAK_SPAN_COLOUR_MAX) */
+     * page's start (HAK_SPAN_COLOUR_MAX) */
     size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
@@ -912,7 +896,7 @@ HAK_INLINE void *hak_aligned_pop(size_t align, size_t size) {
     if (HAK_LIKELY(need <= HAK_BIG_MAX)) {
       size_t cls = hak_size_class(need);
       hak_heap_t *heap = hak_tls_heap;
-      void *b = hak_class_is_span(cls) ? hak_span_pop(heap, cls, true) : hak_heap_pop(heap, cls);
+      void *b = hak_heap_pop(heap, hak_class_is_span(cls) ? hak_span_at_page(cls) : cls);
       if (HAK_LIKELY(b != NULL)) {
         HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
         HAK_CSTAT_ALLOC(cls, size);
@@ -996,7 +980,7 @@ HAK_INLINE size_t hak_usable_size_inline(const void *p) {
     if (HAK_LIKELY(hak_slab_has_block(slab, p))) return slab->block_size - HAK_CANARY;
   } else if (m == HAK_SEGMAP_SPANS) {
     uint16_t e = hak_span_entry(seg, p);
-    if (HAK_LIKELY(hak_span_entry_is_block(e, p))) return hak_span_block_bytes(hak_span_entry_class(e), p) - HAK_CANARY;
+    if (HAK_LIKELY(hak_span_entry_is_block(e, p))) return hak_span_block_bytes(hak_span_entry_number(e), p) - HAK_CANARY;
   }
   return hak_usable_size_generic(p);
 }

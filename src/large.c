@@ -1109,7 +1109,7 @@ static void *large_alloc(size_t size, size_t align, bool zero, bool grown, bool 
     HAK_STAT_ADD(large_bytes, seg->large_size);
   }
   void *p = (uint8_t *)seg + offset;
-  HAK_CSTAT_ALLOC(HAK_CLASSES, size);
+  HAK_CSTAT_ALLOC(HAK_STATS_LARGE, size);
   /* The guard page splits a mapping: refused when the process has as many
    * as the kernel allows (vm.max_map_count), the block goes back. */
   if (HAK_UNLIKELY(!guarded)) {
@@ -1140,7 +1140,7 @@ bool hak_large_cache_collect(bool force) {
 }
 
 void hak_large_free(hak_segment_t *seg) {
-  HAK_CSTAT_FREE(HAK_CLASSES);
+  HAK_CSTAT_FREE(HAK_STATS_LARGE);
   if (!in_arena(seg)) {
     count_freed(seg);
     large_unmap(seg);

@@ -377,14 +377,16 @@ static void segment_release(run_t *r) {
 /* The block's last page names the heap that took it from the page heap,
  * heap_number: a thread whose first call frees it likely follows that
  * heap's thread (hak_span_free_slow). It starts `offset` bytes into its
- * first page (a colour, or 0). */
-static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t cls, uint32_t heap_number,
+ * first page (a colour, or 0), and free puts it in the cache of malloc's
+ * number n (its class, or hak_span_at_page's at offset 0). */
+static void block_mark(hak_segment_t *seg, unsigned first, unsigned pages, size_t n, uint32_t heap_number,
                        uintptr_t offset) {
-  seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)cls << 8 | HAK_PAGE_USED;
-  seg->span.page_block[first] = hak_span_entry_make(cls, offset);
+  HAK_ASSERT(n < HAK_CLASSES || offset == 0);
+  seg->span.page[first] = (uint32_t)pages << 16 | (uint32_t)hak_class_of_number(n) << 8 | HAK_PAGE_USED;
+  seg->span.page_block[first] = hak_span_entry_make(n, offset);
   if (pages > 1) seg->span.page[first + pages - 1] = heap_number << 2 | HAK_PAGE_TAIL;
 }
-/* The number of the heap that took the block at p of cls from the page heap. */
+/* The number of the heap that took the block at p of cls (or number) from the page heap. */
 static uint32_t block_heap_number(hak_segment_t *seg, const void *p, size_t cls) {
   return seg->span.page[page_index(p) + class_pages(cls) - 1] >> 2;
 }
@@ -601,18 +603,18 @@ static void pages_give(hak_segment_t *seg, unsigned first, unsigned n, uint64_t 
   seg->span.apart_most = HAK_SPAN_PAGES;
 }
 
-/* A block of class cls at a multiple of align_pages pages (a power of
- * two; the segment is aligned to more; 1: the block at its first page's
- * colour, hak_span_colour): the shortest committed run that
+/* A block of malloc's number n at a multiple of align_pages pages (a
+ * power of two; the segment is aligned to more; 1 for a class: the block
+ * at its first page's colour, hak_span_colour): the shortest committed run that
  * fits, merged with the runs apart beside it if it is longer; else the
  * first that runs apart make; else the shortest zero run. An aligned block
  * looks for a run long enough to hold one at any start, and cuts it at the
  * first multiple; the pages before stay a free run. *clean tells whether
  * its memory is zero. NULL when there is no room, or (*refused) when its
  * memory is refused. */
-static void *block_take(size_t cls, unsigned align_pages, uint32_t heap_number, bool *clean,
+static void *block_take(size_t number, unsigned align_pages, uint32_t heap_number, bool *clean,
                         bool *refused) {
-  unsigned n = class_pages(cls), need = n + align_pages - 1;
+  unsigned n = class_pages(number), need = n + align_pages - 1;
   run_t *r = bin_find(0, need);
   if (r == NULL && apart_segments != 0)
     r = runs_merge_for(need);
@@ -636,8 +638,8 @@ static void *block_take(size_t cls, unsigned align_pages, uint32_t heap_number, 
   *clean = run_clean(r);
   run_take_front(r, n);
   uint8_t *b = page_addr(seg, at);
-  uintptr_t offset = align_pages == 1 ? hak_span_colour(b) : 0;
-  block_mark(seg, at, n, cls, heap_number, offset);
+  uintptr_t offset = align_pages == 1 && number < HAK_CLASSES ? hak_span_colour(b) : 0;
+  block_mark(seg, at, n, number, heap_number, offset);
   seg->span.used_pages += n;
   pages_in_use += n;
   if (pages_in_use > pages_in_use_most) pages_in_use_most = pages_in_use;
@@ -673,9 +675,10 @@ static void give_list(hak_block_t *list) {
 /* ---- the transfer ---- */
 
 /* A thread that only frees (draining) hands its span blocks to the threads
- * that allocate in batches: its frees of a class build a batch in its heap
- * (a compare-and-swap each, as the purger may take it), and a full one
- * goes on a stack per class, which a refill takes a batch from whole. A
+ * that allocate in batches: its frees for a cache (of a class, or of its
+ * blocks at their page's start) build a batch in its heap (a
+ * compare-and-swap each, as the purger may take it), and a full one goes
+ * on a stack per cache, which a refill takes a batch from whole. A
  * pipeline's consumer gave each block back to the page heap's runs and its
  * producer carved them again, a few blocks at a time, both under the page
  * heap's lock, which they fought over (xmalloc 1p1c of 8-32 KiB blocks:
@@ -688,7 +691,7 @@ static void give_list(hak_block_t *list) {
  * heap that freed nothing since, so a thread that frees and goes idle
  * keeps nothing. */
 #define TRANSFER_BYTES ((size_t)4 << 20)
-/* A lock and a line per class: a pipeline moves batches of several
+/* A lock and a line per cache: a pipeline moves batches of several
  * classes at once, and one lock for all had its threads wait on each other
  * (xmalloc 1p1c of 8-32 KiB blocks: 1.36x with a lock per class). */
 typedef struct __attribute__((aligned(64))) {
@@ -697,10 +700,10 @@ typedef struct __attribute__((aligned(64))) {
   unsigned count;
   bool moved;
 } transfer_t;
-static transfer_t transfer[HAK_SPAN_CLASSES] = {
-    [0 ... HAK_SPAN_CLASSES - 1] = {.lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP}};
+static transfer_t transfer[HAK_SPAN_CACHES] = {
+    [0 ... HAK_SPAN_CACHES - 1] = {.lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP}};
 
-/* Batches of span class c that may wait: TRANSFER_BYTES of them (16 of
+/* Batches of span cache c that may wait: TRANSFER_BYTES of them (16 of
  * the largest class, 64 of 64 KiB). */
 static inline unsigned transfer_max(size_t c) {
   size_t cls = HAK_SLAB_CLASSES + c;
@@ -743,7 +746,7 @@ static hak_block_t *transfer_pop(size_t c) {
   return batch;
 }
 
-/* A draining heap's free of b, of span class c. */
+/* A draining heap's free of b, for span cache c. */
 static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
   _Atomic(hak_block_t *) *open = &heap->drain_open[c];
   hak_block_t *head = atomic_load_explicit(open, memory_order_relaxed);
@@ -764,7 +767,7 @@ static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
 
 /* The heap's unfinished batches go back to the page heap. */
 static void drain_give(hak_heap_t *heap) {
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) {
     _Atomic(hak_block_t *) *open = &heap->drain_open[c];
     if (atomic_load_explicit(open, memory_order_relaxed) == NULL) continue;
     hak_block_t *list = atomic_exchange_explicit(open, NULL, memory_order_acquire);
@@ -779,13 +782,13 @@ bool hak_span_drain_collect(hak_heap_t *heap, bool force) {
   return false;
 }
 
-/* The batches of every class that did not move since the last call (of
- * every class when forced) go back to the page heap. Returns whether some
+/* The batches of every cache that did not move since the last call (of
+ * every cache when forced) go back to the page heap. Returns whether some
  * still wait. */
 static bool transfer_purge(bool force) {
-  hak_block_t *give[HAK_SPAN_CLASSES];
+  hak_block_t *give[HAK_SPAN_CACHES];
   bool waiting = false;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) {
     transfer_t *t = &transfer[c];
     give[c] = NULL;
     pthread_mutex_lock(&t->lock);
@@ -798,7 +801,7 @@ static bool transfer_purge(bool force) {
     t->moved = false;
     pthread_mutex_unlock(&t->lock);
   }
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++)
     for (hak_block_t *batch = give[c], *next; batch != NULL; batch = next) {
       next = *batch_link(batch);
       give_list(batch);
@@ -830,24 +833,25 @@ static HAK_COLD __attribute__((noreturn)) void bad_block(hak_segment_t *seg, con
   hak_invalid_free(p);
 }
 
-/* The class of the block at p, in span segment seg; aborts unless p is the
- * start of a block not given back to the page heap. A pointer at the very
- * end of the segment reads the header's page word, which is 0. */
-HAK_INLINE size_t block_class(hak_segment_t *seg, const void *p) {
+/* malloc's number of the block at p, in span segment seg (its class, or
+ * hak_span_at_page's); aborts unless p is the start of a block not given
+ * back to the page heap. A pointer at the very end of the segment reads
+ * the header's page word, which is 0. */
+HAK_INLINE size_t block_number(hak_segment_t *seg, const void *p) {
   uint16_t e = hak_span_entry(seg, p);
   if (HAK_UNLIKELY(!hak_span_entry_is_block(e, p))) bad_block(seg, p);
-  return hak_span_entry_class(e);
+  return hak_span_entry_number(e);
 }
 
 size_t hak_span_usable_size(hak_segment_t *seg, const void *p) {
-  return hak_span_block_bytes(block_class(seg, p), p) - HAK_CANARY;
+  return hak_span_block_bytes(block_number(seg, p), p) - HAK_CANARY;
 }
 
 /* ---- thread caches ---- */
 
 void hak_span_heap_init(hak_heap_t *heap) {
   heap->span_trim_period = TRIM_MIN;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) {
     heap->span_max[c] = heap->span_limit[c] = (uint16_t)batch_of(HAK_SLAB_CLASSES + c);
     heap->span_low[c] = 0;
   }
@@ -857,7 +861,7 @@ size_t hak_span_cache_growth(void) {
   return atomic_load_explicit(&grown_all, memory_order_relaxed);
 }
 
-/* The bound of the cache of class HAK_SLAB_CLASSES + c moves by n blocks
+/* The bound of cache c (of number HAK_SLAB_CLASSES + c) moves by n blocks
  * of bs bytes, and free's limit with it (n < 0: the sums wrap back). Not
  * while the heap drains (refills end that first). */
 static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
@@ -868,7 +872,7 @@ static void bound_move(hak_heap_t *heap, size_t c, int n, size_t bs) {
   atomic_fetch_add_explicit(&grown_all, bytes, memory_order_relaxed);
 }
 
-/* How many blocks the bound of the cache of cls may grow by: as many as
+/* How many blocks the bound of the cache of number cls may grow by: as many as
  * it holds, as far as the bounds allow; none over CACHE_GROW_MAX. */
 static unsigned cache_more(const hak_heap_t *heap, size_t cls) {
   size_t bs = hak_class_size[cls];
@@ -890,8 +894,8 @@ static void cache_grow(hak_heap_t *heap, size_t cls) {
   bound_move(heap, cls - HAK_SLAB_CLASSES, (int)cache_more(heap, cls), hak_class_size[cls]);
 }
 
-/* Gives every block of the heap's caches in `mask` (bit c: span class
- * HAK_SLAB_CLASSES + c) back to the page heap. */
+/* Gives every block of the heap's caches in `mask` (bit c: cache c, of
+ * number HAK_SLAB_CLASSES + c) back to the page heap. */
 static void caches_give(hak_heap_t *heap, uint64_t mask) {
   uint64_t now = hak_clock_ms();
   pthread_mutex_lock(&hak_span_lock);
@@ -911,7 +915,7 @@ static void caches_give(hak_heap_t *heap, uint64_t mask) {
 
 void hak_span_flush(hak_heap_t *heap) {
   uint64_t mask = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++)
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++)
     if (heap->free[HAK_SLAB_CLASSES + c]) mask |= UINT64_C(1) << c;
   if (mask) caches_give(heap, mask);
 }
@@ -921,13 +925,13 @@ void hak_span_flush(hak_heap_t *heap) {
 static void drain(hak_heap_t *heap) {
   heap->draining = 1;
   hak_span_flush(heap);
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_limit[c] = 0;
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) heap->span_limit[c] = 0;
 }
 
 static void drain_end(hak_heap_t *heap) {
   drain_give(heap);
   heap->draining = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_limit[c] = heap->span_max[c];
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) heap->span_limit[c] = heap->span_max[c];
 }
 
 /* The caches go back, empty but with the bounds they grew to: the thread
@@ -942,7 +946,7 @@ void hak_span_heap_done(hak_heap_t *heap) {
   heap->span_refills = 0;
   heap->span_trimmed = heap->span_refilled = 0;
   heap->span_held = 0;
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) heap->span_low[c] = 0;
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) heap->span_low[c] = 0;
 }
 
 void hak_span_heap_retire(hak_heap_t *heap) {
@@ -963,45 +967,45 @@ static void block_freed(hak_heap_t *heap, size_t cls, hak_block_t *b) {
  * full, or the thread without a heap: names the fault, or frees the block
  * the long way. */
 HAK_NOINLINE void hak_span_free_slow(hak_segment_t *seg, void *p) {
-  size_t cls = block_class(seg, p), c = cls - HAK_SLAB_CLASSES;
+  size_t number = block_number(seg, p), c = number - HAK_SLAB_CLASSES;
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = p;
-  block_freed(heap, cls, b);
+  block_freed(heap, number, b);
   if (heap == HAK_HEAP_EMPTY) /* as free_heapless: the heap that took it, if any */
-    heap = hak_heap_for_heir(hak_heap_numbered(block_heap_number(seg, p, cls)));
+    heap = hak_heap_for_heir(hak_heap_numbered(block_heap_number(seg, p, number)));
   if (heap == NULL) { /* no cache takes it */
     hak_set_next(b, NULL);
     give_list(b);
     return;
   }
   if (heap->draining) {
-    held_add(heap, cls, -1);
+    held_add(heap, number, -1);
     drain_add(heap, c, b);
     return;
   }
-  unsigned held = hak_span_count(heap, cls), n = held + 1; /* with b */
-  hak_set_next(b, heap->free[cls]);
+  unsigned held = hak_span_count(heap, number), n = held + 1; /* with b */
+  hak_set_next(b, heap->free[number]);
   *hak_span_depth(b) = n;
-  heap->free[cls] = b;
+  heap->free[number] = b;
   if (held < heap->span_limit[c]) { /* it was empty, or the heap new */
     hak_span_low_note(heap, c, held);
     return;
   }
   /* Full: the batch freed last, this block first, goes back to the page
    * heap, where blocks of any class can take its pages. */
-  if (n > batch_of(cls)) n = batch_of(cls);
+  if (n > batch_of(number)) n = batch_of(number);
   hak_block_t *last = b;
   for (unsigned i = 1; i < n; i++) last = hak_next(last);
   hak_block_t *rest = hak_next(last);
   /* What the last overflow left is still there: the thread took none of
    * it since, as a thread that only frees (see DRAIN_BYTES). */
   bool only_frees = rest == heap->span_left[c];
-  heap->free[cls] = heap->span_left[c] = rest;
+  heap->free[number] = heap->span_left[c] = rest;
   hak_set_next(last, NULL);
   heap->span_overflowed |= UINT64_C(1) << c;
-  held_add(heap, cls, -(int64_t)n);
+  held_add(heap, number, -(int64_t)n);
   give_list(b);
-  heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[cls] : 0;
+  heap->span_given_in_row = only_frees ? heap->span_given_in_row + (size_t)n * hak_class_size[number] : 0;
   if (heap->span_given_in_row >= DRAIN_BYTES) drain(heap);
   hak_purge_start();
 }
@@ -1032,7 +1036,7 @@ static void trim_period_update(hak_heap_t *heap) {
 static void trim_unused(hak_heap_t *heap) {
   hak_block_t *give = NULL;
   trim_period_update(heap);
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) {
     size_t cls = HAK_SLAB_CLASSES + c;
     /* the caches given back, a batch overflowed */
     hak_span_low_note(heap, c, hak_span_count(heap, cls));
@@ -1057,7 +1061,7 @@ static void trim_unused(hak_heap_t *heap) {
 /* Bytes in the heap's caches. */
 static size_t caches_bytes(const hak_heap_t *heap) {
   size_t bytes = 0;
-  for (size_t cls = HAK_SLAB_CLASSES; cls < HAK_SLAB_CLASSES + HAK_SPAN_CLASSES; cls++)
+  for (size_t cls = HAK_SLAB_CLASSES; cls < HAK_NUMBERS; cls++)
     bytes += (size_t)hak_span_count(heap, cls) * hak_class_size[cls];
   return bytes;
 }
@@ -1145,9 +1149,19 @@ static unsigned fill_size(hak_heap_t *heap, size_t c) {
   return first ? 1 : batch_of(HAK_SLAB_CLASSES + c);
 }
 
-/* The refill of the heap's empty cache of cls, with blocks at multiples
- * of align_pages pages (1: at their colours); pops one (hak_span_pop). */
-static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pages, bool at_page) {
+/* The heap's cache of malloc's number cls ran dry: noted for the trims,
+ * and its bound may grow (cache_grow). */
+static void ran_dry(hak_heap_t *heap, size_t cls) {
+  size_t c = cls - HAK_SLAB_CLASSES;
+  heap->span_low[c] = 0;
+  heap->span_refilled |= UINT64_C(1) << c;
+  cache_grow(heap, cls);
+}
+
+/* The refill of the heap's empty cache of malloc's number cls, with
+ * blocks at multiples of align_pages pages (1 for a class: at their
+ * colours); pops one. */
+static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pages) {
   HAK_ASSERT(hak_class_is_span(cls) && heap->free[cls] == NULL);
   if (HAK_UNLIKELY(heap == HAK_HEAP_EMPTY) && (heap = hak_heap_get()) == NULL) {
     errno = ENOMEM;
@@ -1158,14 +1172,14 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
   heap->span_given_in_row = 0;
   if (heap->draining) drain_end(heap);
   size_t c = cls - HAK_SLAB_CLASSES;
-  heap->span_low[c] = 0; /* it ran dry */
-  heap->span_refilled |= UINT64_C(1) << c;
+  ran_dry(heap, cls);
   if (++heap->span_refills >= heap->span_trim_period) {
     heap->span_refills = 0;
     trim_unused(heap);
   }
-  cache_grow(heap, cls);
   hak_block_t *batch = align_pages == 1 ? transfer_pop(c) : NULL;
+  /* blocks at their page's start serve every size of the class */
+  if (batch == NULL && align_pages == 1 && cls < HAK_CLASSES) batch = transfer_pop(c + HAK_SPAN_CLASSES);
   bool near_most = false;
   bool filled = false;
   if (batch != NULL) {
@@ -1185,24 +1199,43 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
     size_t cached = caches_bytes(heap);
     if (cached > TRIM_FRESH_BYTES && !growing(heap, near_most, cached)) trim_unused(heap);
   }
-  void *b = hak_span_pop(heap, cls, at_page);
+  void *b = hak_heap_pop(heap, cls);
   HAK_SLOW_END();
   return hak_refill_done(b, cls, size);
 }
 
-void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number, bool at_page) {
-  size_t cls = hak_class_of_number(number);
-  at_page |= !hak_span_fits(cls, size + HAK_CANARY);
-  void *b = hak_span_pop(heap, cls, at_page);
-  if (b == NULL) return refill(size, heap, cls, 1, at_page);
-  HAK_CSTAT_ALLOC(cls, size);
+/* A block of the class's other cache, for the empty one of malloc's
+ * number n, before a refill: one at its page's start serves every size of
+ * its class, and one at its colour moves to its page's start for good. */
+static void *other_cache_pop(hak_heap_t *heap, size_t n) {
+  size_t cls = hak_class_of_number(n);
+  uint8_t *b = (uint8_t *)hak_list_pop(heap, n == cls ? hak_span_at_page(cls) : cls);
+  if (b == NULL) return NULL;
+  heap->clean[n] = 0; /* for calloc: not the last refill's */
+  if (n != cls) {
+    hak_segment_t *seg = (hak_segment_t *)((uintptr_t)b & ~(uintptr_t)HAK_SEG_MASK);
+    seg->span.page_block[page_index(b)] = hak_span_entry_make(n, 0);
+    b = (uint8_t *)hak_page_down((uintptr_t)b);
+  }
+  hak_block_handout(b, hak_span_block_bytes(n, b));
+  return b;
+}
+
+void *hak_span_malloc_slow(size_t size, hak_heap_t *heap, size_t number) {
+  void *b = hak_heap_pop(heap, number);
+  if (b == NULL) {
+    if ((b = other_cache_pop(heap, number)) == NULL) return refill(size, heap, number, 1);
+    ran_dry(heap, number); /* as its refill would note */
+  }
+  HAK_CSTAT_ALLOC(number, size);
   return b;
 }
 
 /* A block of size bytes at a multiple of align (8 KiB-1 MiB), of the class
  * of the size rounded up to align if that is at most twice as much (such
  * blocks tile the runs cut for them), else of the size's own: the head of
- * the class's cache if it is at such a multiple; else, if the cache is
+ * the class's cache of blocks at their page's start if it is at such a
+ * multiple; else, if the cache is
  * empty, a refill of blocks at such multiples, so that a thread that asks
  * for aligned blocks of a class gets back those it freed; else one block
  * straight from the page heap. Such alignments went to the large blocks'
@@ -1212,12 +1245,13 @@ void *hak_span_alloc_aligned(size_t size, size_t align) {
   size_t need = hak_aligned_need(size, align);
   size_t cls = hak_size_class(need <= 2 * (size + HAK_CANARY) ? need : size + HAK_CANARY);
   if (cls < HAK_SLAB_CLASSES) cls = HAK_SLAB_CLASSES;
+  cls = hak_span_at_page(cls);
   unsigned align_pages = (unsigned)(align >> HAK_PAGE_SHIFT);
   hak_heap_t *heap = hak_tls_heap;
   hak_block_t *b = heap->free[cls];
-  if (b == NULL) return refill(size, heap, cls, align_pages, true);
-  if ((hak_page_down((uintptr_t)b) & (align - 1)) == 0) {
-    void *p = hak_span_pop(heap, cls, true);
+  if (b == NULL) return refill(size, heap, cls, align_pages);
+  if (((uintptr_t)b & (align - 1)) == 0) {
+    void *p = hak_heap_pop(heap, cls);
     HAK_CSTAT_ALLOC(cls, size);
     return p;
   }
@@ -1303,22 +1337,22 @@ static void *move_giving_back(void *p, size_t size, size_t old, size_t cls) {
 }
 
 void *hak_span_realloc(hak_segment_t *seg, void *p, size_t size) {
-  size_t cls = block_class(seg, p), off = hak_page_offset(p);
-  size_t old = hak_class_size[cls] - off - HAK_CANARY;
+  size_t number = block_number(seg, p), off = hak_page_offset(p);
+  size_t old = hak_class_size[number] - off - HAK_CANARY;
   if (size <= old && size >= old / 2) return p;
   resize_t done = NO_ROOM;
   if (size + HAK_CANARY > HAK_SLAB_MAX && size <= HAK_BIG_MAX - HAK_CANARY - off) {
     size_t ncls = hak_size_class(size + HAK_CANARY + off); /* p stays at its colour */
-    done = resize_in_place(seg, p, cls, ncls);
+    done = resize_in_place(seg, p, number, ncls);
     if (done == RESIZED) {
       hak_block_resized(p, hak_class_size[ncls] - off);
-      HAK_CSTAT_FREE(cls);
+      HAK_CSTAT_FREE(number);
       HAK_CSTAT_ALLOC(ncls, size);
       return p;
     }
   }
-  if (size > old && (done == ROOM_UNUSED || hak_class_size[cls] >= MOVE_GIVES_BACK))
-    return move_giving_back(p, size, old, cls);
+  if (size > old && (done == ROOM_UNUSED || hak_class_size[number] >= MOVE_GIVES_BACK))
+    return move_giving_back(p, size, old, number);
   return hak_realloc_move(p, size, old);
 }
 
@@ -1434,25 +1468,25 @@ void hak_span_usage(hak_usage_t *u) {
   }
   pthread_mutex_unlock(&hak_span_lock);
   /* The transfer's blocks are free, though their pages say used. */
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) {
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) {
     size_t n = 0;
     pthread_mutex_lock(&transfer[c].lock);
     for (hak_block_t *batch = transfer[c].top; batch != NULL; batch = *batch_link(batch))
       for (hak_block_t *b = batch; b != NULL; b = hak_next(b)) n++;
     pthread_mutex_unlock(&transfer[c].lock);
-    hak_usage_unused(u, HAK_SLAB_CLASSES + c, n);
+    hak_usage_unused(u, hak_class_of_number(HAK_SLAB_CLASSES + c), n);
   }
 }
 
 void hak_span_fork_prepare(void) {
   pthread_mutex_lock(&hak_span_lock);
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) pthread_mutex_lock(&transfer[c].lock);
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) pthread_mutex_lock(&transfer[c].lock);
 }
 void hak_span_fork_parent(void) {
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) pthread_mutex_unlock(&transfer[c].lock);
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) pthread_mutex_unlock(&transfer[c].lock);
   pthread_mutex_unlock(&hak_span_lock);
 }
 void hak_span_fork_child(void) {
-  for (size_t c = 0; c < HAK_SPAN_CLASSES; c++) pthread_mutex_init(&transfer[c].lock, NULL);
+  for (size_t c = 0; c < HAK_SPAN_CACHES; c++) pthread_mutex_init(&transfer[c].lock, NULL);
   pthread_mutex_init(&hak_span_lock, NULL);
 }

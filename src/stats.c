@@ -29,8 +29,13 @@ typedef struct {
 } class_stats_t;
 static class_stats_t cstats[HAK_CLASSES + 1];
 
+/* The counters of a class, malloc's number or HAK_STATS_LARGE. */
+static class_stats_t *class_stats(size_t n) {
+  return &cstats[n == HAK_STATS_LARGE ? HAK_CLASSES : hak_class_of_number(n)];
+}
+
 void hak_stats_class_alloc(size_t cls, size_t size) {
-  class_stats_t *c = &cstats[cls];
+  class_stats_t *c = class_stats(cls);
   atomic_fetch_add_explicit(&c->allocs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
   size_t live = atomic_fetch_add_explicit(&c->live, 1, memory_order_relaxed) + 1;
@@ -40,8 +45,9 @@ void hak_stats_class_alloc(size_t cls, size_t size) {
 }
 
 void hak_stats_class_free(size_t cls) {
-  atomic_fetch_add_explicit(&cstats[cls].frees, 1, memory_order_relaxed);
-  atomic_fetch_sub_explicit(&cstats[cls].live, 1, memory_order_relaxed);
+  class_stats_t *c = class_stats(cls);
+  atomic_fetch_add_explicit(&c->frees, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&c->live, 1, memory_order_relaxed);
 }
 
 size_t hak_stats_live_blocks(void) {

@@ -92,10 +92,13 @@ _Static_assert(HAK_SLAB_CLASSES < 64, "a mask of slab classes fits a word");
 #define HAK_SPAN_CLASSES (HAK_CLASSES - HAK_SLAB_CLASSES)
 /* A span block starts at a colour of its first page, up to this offset
  * (internal.h, hak_span_colour). The sizes of a span class that do not
- * fit after the largest have a class number of their own in malloc's
- * table, HAK_SPAN_CLASSES higher, whose list is always empty: malloc's
- * slow path serves them at a block's page start. */
+ * fit after the largest have a number of their own in malloc's table,
+ * HAK_SPAN_CLASSES higher (hak_span_at_page): the list of the class's
+ * blocks at their page's start. */
 #define HAK_SPAN_COLOUR_MAX ((size_t)960) /* 15 lines: also the colour's bit mask */
+#define HAK_NUMBERS (HAK_CLASSES + HAK_SPAN_CLASSES) /* malloc's numbers: a list each */
+#define HAK_SPAN_CACHES (2 * HAK_SPAN_CLASSES) /* a thread's caches of span blocks */
+_Static_assert(HAK_SPAN_CACHES <= 64, "a mask of span caches fits a word");
 /* Alignments up to this are served from slabs and spans; larger ones by
  * large blocks. */
 #define HAK_SLAB_ALIGN_MAX ((size_t)4096)
@@ -225,7 +228,8 @@ struct hak_segment_s {
        * class and length, its last page a tail mark, the first and last
        * pages of a free run the run's handle; every other page 0. */
       uint32_t page[HAK_SPAN_PAGES];
-      /* On a block's first page its class, and in the high byte where on
+      /* On a block's first page the number of the cache free puts it in
+       * (its class, or hak_span_at_page's), and in the high byte where on
        * the page the block starts, in lines (its colour, or 0); 0
        * elsewhere. What free's fast path reads, 32 pages to a line where
        * the words hold 16 (with 400 blocks of 8-32 KiB live, words of 8
@@ -248,11 +252,11 @@ typedef struct {
 
 /* A thread's heap. `free` first: the malloc fast path indexes it directly.
  * free[c] of a slab class holds blocks of the slabs attached[c] only;
- * free[c] of a span class is the thread's cache of free spans of c; the
- * lists past the classes, those of malloc's numbers for the sizes a span
- * class serves at a page's start (HAK_SPAN_COLOUR_MAX), stay empty. */
+ * free[c] of a span class is the thread's cache of free spans of c, and
+ * free[hak_span_at_page(c)] its cache of spans of c that start at their
+ * page (the only ones for the sizes past the colours). */
 struct hak_heap_s {
-  hak_block_t *free[HAK_CLASSES + HAK_SPAN_CLASSES];
+  hak_block_t *free[HAK_NUMBERS];
   /* The class of each size up to HAK_TABLE_MAX, indexed by the size
    * itself (two instructions fewer than hak_fast_class's (size + 15) >> 4):
    * the sentinel's (heap.c), copied into every heap. malloc reads it at
@@ -269,31 +273,32 @@ struct hak_heap_s {
   hak_slab_t *attached[HAK_SLAB_CLASSES][HAK_ATTACH_MAX];
   uint8_t attached_n[HAK_SLAB_CLASSES];
   hak_slab_queue_t full[HAK_SLAB_CLASSES];  /* FULL slabs */
-  /* Span classes (span.c): the blocks free[c] may hold for free's fast
-   * path (its bound, or 0 while the heap drains), and its bound; the
-   * fewest it held since the last trim; the bytes by which the bounds
-   * have grown in all; which caches overflowed since they last ran dry.
-   * How many it holds is its head block's (hak_span_depth). */
+  /* Span caches (span.c), cache c being free[HAK_SLAB_CLASSES + c]: the
+   * blocks it may hold for free's fast path (its bound, or 0 while the
+   * heap drains), and its bound; the fewest it held since the last trim;
+   * the bytes by which the bounds have grown in all; which caches
+   * overflowed since they last ran dry. How many it holds is its head
+   * block's (hak_span_depth). */
   union {
     struct {
       uint16_t span_limit_none[HAK_SLAB_CLASSES]; /* slab classes: unused */
-      uint16_t span_limit[HAK_SPAN_CLASSES];
+      uint16_t span_limit[HAK_SPAN_CACHES];
     };
-    uint16_t span_limit_of[HAK_CLASSES]; /* by class */
+    uint16_t span_limit_of[HAK_NUMBERS]; /* by malloc's number */
   };
-  uint16_t span_max[HAK_SPAN_CLASSES];
-  uint16_t span_low[HAK_SPAN_CLASSES];
+  uint16_t span_max[HAK_SPAN_CACHES];
+  uint16_t span_low[HAK_SPAN_CACHES];
   size_t span_grown;
   /* Bytes of span blocks the heap took from the page heap or the transfer,
    * less those it gave back: what the thread holds, in use or cached, but
    * for blocks other threads took and it freed (span.c, growing). */
   int64_t span_held;
   uint64_t span_overflowed;
-  /* The trims (span.c, trim_unused): the span classes the last one gave
+  /* The trims (span.c, trim_unused): the span caches the last one gave
    * blocks of, those refilled since, the refills since, and the refills
    * between two. */
   uint64_t span_trimmed, span_refilled;
-  /* The span classes the heap has filled from the page heap: the first
+  /* The span caches the heap has filled from the page heap: the first
    * fill takes one block, not a batch whose first pages the links write. */
   uint64_t span_filled;
   /* Slab classes refilled since the last new slab and between the two
@@ -304,13 +309,13 @@ struct hak_heap_s {
   uint64_t slab_came_back;
   uint32_t span_refills, span_trim_period;
   size_t span_given_in_row; /* by overflows that found what the last one left */
-  hak_block_t *span_left[HAK_SPAN_CLASSES]; /* each cache's list after its last overflow */
+  hak_block_t *span_left[HAK_SPAN_CACHES]; /* each cache's list after its last overflow */
   uint8_t draining;         /* see DRAIN_BYTES (span.c) */
   /* A draining heap's frees of each span class not yet a batch, and how
    * many (span.c); the purger takes those of a heap that stopped freeing
    * (drain_moved unset since its last pass). */
-  _Atomic(hak_block_t *) drain_open[HAK_SPAN_CLASSES];
-  uint8_t drain_count[HAK_SPAN_CLASSES];
+  _Atomic(hak_block_t *) drain_open[HAK_SPAN_CACHES];
+  uint8_t drain_count[HAK_SPAN_CACHES];
   _Atomic uint8_t drain_moved;
   /* The thread's last freed large blocks of one chunk (large.c: kept), the
    * mapped size of each (read by the owner only: the purger may take a
@@ -319,9 +324,9 @@ struct hak_heap_s {
   _Atomic(hak_segment_t *) large_kept[HAK_LARGE_KEPT];
   size_t large_kept_map[HAK_LARGE_KEPT];
   _Atomic uint8_t large_kept_moved;
-  /* Of a span class: the blocks its last refill took are zero memory, so
+  /* Of a span cache: the blocks its last refill took are zero memory, so
    * calloc clears only their link words. Slab classes leave it 0. */
-  uint8_t clean[HAK_CLASSES];
+  uint8_t clean[HAK_NUMBERS];
   hak_segment_t *segments, *segments_last; /* owned: those with free units first */
   /* Set by another thread that freed into one of our FULL slabs: the next
    * refill looks at the full lists before taking a new slab. */

@@ -28,6 +28,9 @@ TEST(every_heap_has_the_class_table_of_small_sizes) {
   CHECK(hak_tls_heap->small_class[HAK_TABLE_MAX] == HAK_SMALL_CLASSES);
 }
 
+/* Whether `need` bytes fit after every colour of a block of span class cls. */
+static bool fits_every_colour(size_t cls, size_t need) { return need + HAK_SPAN_COLOUR_MAX <= hak_class_size[cls]; }
+
 TEST(class_is_smallest_fitting) {
   for (size_t size = 0; size <= HAK_BIG_MAX; size++) {
     size_t cls = hak_size_class(size);
@@ -39,7 +42,7 @@ TEST(class_is_smallest_fitting) {
     if (size <= HAK_TABLE_MAX)
       CHECK_MSG(hak_heap_empty.small_class[size] == cls, "size %zu: the heaps' table says %u", size,
                 hak_heap_empty.small_class[size]);
-    size_t number = hak_class_is_span(cls) && !hak_span_fits(cls, size) ? cls + HAK_SPAN_CLASSES : cls;
+    size_t number = hak_class_is_span(cls) && !fits_every_colour(cls, size) ? hak_span_at_page(cls) : cls;
     CHECK_MSG(hak_fast_class[(size + 15) >> 4] == number, "size %zu: malloc's number %u, not %zu", size,
               hak_fast_class[(size + 15) >> 4], number);
     if (th_failed_here > 5) return;
@@ -2039,7 +2042,8 @@ TEST(a_class_whose_block_came_back_doubles_its_slabs_past_8_units) {
 static uint32_t page_word(const void *p) {
   return hak_segment_of(p)->span.page[hak_span_page_index(p)];
 }
-static size_t page_class(const void *p) { return hak_span_entry_class(hak_span_entry(hak_segment_of(p), p)); }
+/* malloc's number in the entry of p's page: the cache free puts its block in. */
+static size_t page_number(const void *p) { return hak_span_entry_number(hak_span_entry(hak_segment_of(p), p)); }
 /* The first page of span block p (which starts at that page's colour, or
  * at the page). */
 static uint8_t *page_start(const void *p) { return (uint8_t *)hak_page_down((uintptr_t)p); }
@@ -2154,22 +2158,27 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
     REQUIRE(seg != NULL);
     CHECK(seg->kind == HAK_KIND_SPANS);
     size_t cls = hak_size_class(sizes[i]);
-    CHECK(hak_page_offset(p) == (hak_span_fits(cls, sizes[i] + HAK_CANARY) ? hak_span_colour(p) : 0));
+    bool fits = fits_every_colour(cls, sizes[i] + HAK_CANARY);
+    CHECK(hak_page_offset(p) == (fits ? hak_span_colour(p) : 0));
     CHECK(hak_span_page_index(p) >= HAK_SPAN_FIRST_PAGE);
     uint32_t w = page_word(p);
     CHECK((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
     CHECK(hak_span_word_class(w) == cls);
     CHECK((w >> 16) == hak_class_size[cls] / HAK_PAGE_SIZE);
     uint16_t e = hak_span_entry(seg, p); /* free's and realloc's test */
-    CHECK(hak_span_entry_class(e) == cls && hak_span_entry_is_block(e, p));
+    CHECK(hak_span_entry_number(e) == (fits ? cls : hak_span_at_page(cls)) && hak_span_entry_is_block(e, p));
     CHECK(!hak_span_entry_is_block(e, p + 64) && !hak_span_entry_is_block(e, page_start(p) + (hak_page_offset(p) ? 0 : 64)));
-    CHECK(page_class(p + HAK_PAGE_SIZE) == 0);
+    CHECK(page_number(p + HAK_PAGE_SIZE) == 0);
     CHECK(malloc_usable_size(p) == hak_class_size[cls] - hak_page_offset(p) - HAK_CANARY);
     CHECK(hak_slab_of(seg, p)->owner == 0); /* free's slab test fails: the span path */
     memset(p, 1, sizes[i]);
     free(p);
   }
 }
+
+/* malloc's number of a span size: the cache its blocks come from and go
+ * back to (its class's, or that of the class's blocks at their page's start). */
+static size_t span_number(size_t size) { return hak_fast_class[(size + HAK_CANARY + 15) >> 4]; }
 
 /* The heap's cache of a class holds the blocks freed to it, counted by
  * its head block's depth. */
@@ -2208,7 +2217,7 @@ TEST(full_span_cache_gives_a_batch_back) {
   for (int i = 0; i < N; i++) {
     bool used = (page_word(ps[i]) & HAK_PAGE_TAG) == HAK_PAGE_USED;
     given_back += !used;
-    CHECK(page_class(ps[i]) == (used ? cls : 0)); /* free's fast path sees it too */
+    CHECK(page_number(ps[i]) == (used ? cls : 0)); /* free's fast path sees it too */
   }
   CHECK_MSG(given_back == N - cache_len(cls), "%zu of %d blocks given back, %zu cached",
             given_back, N, cache_len(cls));
@@ -2234,7 +2243,7 @@ TEST(span_cache_grows_when_it_overflowed_and_ran_dry) {
  * next takes a batch. A pool of a thousand threads, each with a buffer of
  * 8 KiB, wrote the first page of 8 blocks in each. */
 static void *first_fills(void *arg) {
-  size_t cls = hak_size_class(8000);
+  size_t cls = span_number(8000);
   unsigned *held = arg;
   void *a = malloc(8000);
   held[0] = (unsigned)cache_len(cls);
@@ -2263,6 +2272,33 @@ static void fill_span_batches(void) {
   hak_tls_heap->span_filled = ~UINT64_C(0);
 }
 
+/* A cache that overflowed and then ran dry grows even when its class's
+ * other cache serves the malloc that found it empty, as its refill would. */
+TEST(span_cache_served_by_the_other_grows_as_if_refilled) {
+  size_t fits = 40000, cls = span_number(fits), c = cls - HAK_SLAB_CLASSES;
+  size_t big = hak_class_size[cls] - HAK_CANARY;
+  REQUIRE(span_number(big) == hak_span_at_page(cls));
+  free(malloc(16)); /* the thread has its heap */
+  flush_span_caches();
+  hak_heap_t *heap = hak_tls_heap;
+  unsigned max = heap->span_max[c];
+  void *ps[8];
+  REQUIRE(max < 8);
+  for (int i = 0; i < 8; i++) REQUIRE((ps[i] = malloc(fits)) != NULL);
+  for (int i = 0; i < 8; i++) free(ps[i]); /* overflows */
+  REQUIRE(heap->span_max[c] == max);
+  for (unsigned i = 0; i < max; i++) REQUIRE((ps[i] = malloc(fits)) != NULL); /* empties it */
+  REQUIRE(heap->free[cls] == NULL);
+  void *q = malloc(big);
+  REQUIRE(q != NULL);
+  free(q); /* the cache of blocks at their page's start holds it */
+  void *r = malloc(fits);
+  CHECK(r == q);
+  CHECK_MSG(heap->span_max[c] > max, "bound %u, was %u", heap->span_max[c], max);
+  free(r);
+  for (unsigned i = 0; i < max; i++) free(ps[i]);
+}
+
 /* Blocks of one class from one fill start at colours that differ from
  * page to page, each the one its page's entry gives. */
 TEST(span_blocks_start_at_their_pages_colours) {
@@ -2281,41 +2317,68 @@ TEST(span_blocks_start_at_their_pages_colours) {
 }
 
 /* A size that does not fit after every colour of its class has malloc's
- * own number (an empty list): it takes a block at its page's start, which
- * stays there when freed and taken again by any size of the class. */
+ * own number, the list of the class's blocks at their page's start: its
+ * malloc takes a block there, its free puts it back there, and a size that
+ * fits after the colours takes it when the class's own list is empty. */
 TEST(a_size_past_the_largest_colour_starts_at_its_page) {
-  size_t cls = hak_size_class(10000), big = hak_class_size[cls] - HAK_CANARY;
-  REQUIRE(hak_span_fits(cls, 10000) && !hak_span_fits(cls, big + HAK_CANARY));
-  CHECK(hak_fast_class[(big + HAK_CANARY + 15) >> 4] == cls + HAK_SPAN_CLASSES);
-  CHECK(hak_tls_heap->free[cls + HAK_SPAN_CLASSES] == NULL);
-  free(malloc(10000)); /* the cache's head: a block at its colour */
-  uint8_t *head = (uint8_t *)hak_tls_heap->free[cls];
-  REQUIRE(head != NULL);
+  size_t cls = hak_size_class(10000), big = hak_class_size[cls] - HAK_CANARY, at_page = hak_span_at_page(cls);
+  REQUIRE(fits_every_colour(cls, 10000) && !fits_every_colour(cls, big + HAK_CANARY));
+  CHECK(hak_fast_class[(big + HAK_CANARY + 15) >> 4] == at_page);
+  flush_span_caches();
   uint8_t *p = malloc(big);
   REQUIRE(p != NULL);
   CHECK(hak_page_offset(p) == 0 && malloc_usable_size(p) == big);
-  CHECK(p == page_start(head)); /* the head, moved to its page */
-  CHECK(hak_span_entry_offset(hak_span_entry(hak_segment_of(p), p)) == 0);
+  CHECK(page_number(p) == at_page && hak_span_entry_offset(hak_span_entry(hak_segment_of(p), p)) == 0);
   memset(p, 3, big);
   free(p);
+  CHECK(hak_tls_heap->free[at_page] == (void *)p);
+  CHECK(malloc(big) == p); /* malloc's fast path */
+  free(p);
+  REQUIRE(hak_tls_heap->free[cls] == NULL);
   uint8_t *q = malloc(10000);
-  CHECK(q == p);
+  CHECK(q == p && page_number(q) == at_page);
   free(q);
+  CHECK(hak_tls_heap->free[at_page] == (void *)p);
 }
 
-/* calloc of such a size on fresh pages clears the list words the fill
- * wrote at the block's colour too, not only those at its page's start. */
+/* With the list at pages' starts empty, such a size takes the head of the
+ * class's list, which starts at its colour, and moves it to its page's
+ * start for good. */
+TEST(a_size_past_the_colours_moves_a_coloured_block_to_its_page) {
+  size_t cls = hak_size_class(10000), big = hak_class_size[cls] - HAK_CANARY, at_page = hak_span_at_page(cls);
+  flush_span_caches();
+  free(malloc(10000));
+  uint8_t *head = (uint8_t *)hak_tls_heap->free[cls];
+  REQUIRE(head != NULL && hak_tls_heap->free[at_page] == NULL);
+  uint8_t *p = malloc(big);
+  CHECK(p == page_start(head) && page_number(p) == at_page);
+  CHECK(hak_span_entry_is_block(hak_span_entry(hak_segment_of(p), p), p));
+  free(p);
+  CHECK(hak_tls_heap->free[at_page] == (void *)p);
+}
+
+/* calloc of a size past the colours clears a block of the class's list of
+ * fresh pages whole when it moves to its page's start: the fill wrote its
+ * list words at its colour, and the list at pages' starts, whose last
+ * refill's blocks were zero memory, did not hand it out. */
 static void *calloc_past_colours(void *arg) {
-  static const size_t sizes[] = {12288, 20480, 40960, 65536};
+  static const size_t sizes[] = {12288, 16384, 20480, 32768}; /* batches of 2 or more */
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    size_t n = sizes[i] - HAK_CANARY;
+    size_t n = sizes[i] - HAK_CANARY, cls = hak_size_class(n);
+    uint8_t *first = calloc(1, n); /* the first refill of the list at pages' starts: one block */
+    hak_tls_heap->span_filled |= UINT64_C(1) << (cls - HAK_SLAB_CLASSES);
+    uint8_t *kept = malloc(n - HAK_SPAN_COLOUR_MAX); /* the class's list's refill: a batch */
+    uint8_t *head = (uint8_t *)hak_tls_heap->free[cls];
+    REQUIRE(first != NULL && kept != NULL && head != NULL);
     uint8_t *p = calloc(1, n);
-    REQUIRE(p != NULL);
+    REQUIRE(p == page_start(head));
     size_t nonzero = 0;
     for (size_t k = 0; k < n; k++) nonzero += p[k] != 0;
     CHECK_MSG(nonzero == 0, "%zu bytes of calloc(1, %zu) not zero", nonzero, n);
-    *(int *)arg += hak_span_colour(p) != 0; /* its words were elsewhere */
+    *(int *)arg += hak_page_offset(head) != 0; /* its words were elsewhere */
     free(p);
+    free(kept);
+    free(first);
   }
   return NULL;
 }
@@ -3059,7 +3122,7 @@ typedef struct {
 static void *free_span_in_thread(void *arg) {
   remote_free_t *r = arg;
   free(r->p);
-  r->cached = hak_tls_heap->free[hak_size_class(50000)] == r->p;
+  r->cached = hak_tls_heap->free[span_number(50000)] == r->p;
   return NULL;
 }
 
@@ -3146,7 +3209,7 @@ TEST(idle_span_cache_goes_back_to_the_page_heap) {
   hak_opt.purge_delay_ms = 100000;
   enum { N = 200 }; /* a cache of 5 at first: the first round refills 40 times */
   static void *ps[N];
-  size_t idle = hak_size_class(100000);
+  size_t idle = span_number(100000);
   void *a = malloc(100000);
   free(a);
   REQUIRE(hak_tls_heap->free[idle] == a);
@@ -3184,7 +3247,7 @@ static void *free_only(void *arg) {
 TEST(a_thread_that_only_frees_hands_its_batches_over) {
   enum { N = 512, BATCH = 4 }; /* 8 MiB of 16 KiB blocks, 4 to a batch */
   static void *ps[N];
-  size_t cls = hak_size_class(16000);
+  size_t cls = span_number(16000);
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(16000)) != NULL);
   free_only_t f = {ps, N, cls, false, 0};
   run_thread(free_only, &f);
@@ -3211,12 +3274,36 @@ TEST(a_thread_that_only_frees_hands_its_batches_over) {
   for (int i = 0; i < m; i++) free(more[i]);
 }
 
-/* Grows this thread's cache of cls until its bound stops growing: rounds
+/* A refill of a class whose transfer is empty takes a batch of its blocks
+ * at their page's start: they serve every size of the class, where they
+ * would wait for a size past the colours. */
+TEST(a_refill_takes_a_batch_of_blocks_at_their_page) {
+  enum { N = 512 }; /* 8 MiB of 16 KiB blocks, a thread that drains */
+  static void *ps[N];
+  size_t size = 16000, fits = 14000, at_page = span_number(size);
+  REQUIRE(at_page == hak_span_at_page(span_number(fits)));
+  hak_span_purge(true); /* no batch waits */
+  for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
+  free_only_t f = {ps, N, at_page, false, 0};
+  run_thread(free_only, &f);
+  REQUIRE(f.drained);
+  flush_span_caches();
+  uint8_t *p = malloc(fits);
+  int j = 0;
+  while (j < N && ps[j] != p) j++;
+  CHECK_MSG(j < N, "%p: not a block the other thread freed", (void *)p);
+  CHECK(hak_page_offset(p) == 0 && malloc_usable_size(p) >= fits);
+  free(p);
+  flush_span_caches();
+  hak_span_purge(true);
+}
+
+/* Grows this thread's cache of blocks of size until its bound stops growing: rounds
  * that free more blocks than it may hold and take them again (it ran dry
  * after it overflowed). The n blocks are in use again at the end, the cache
  * and the transfer hold none of the class; returns the bound. */
-static unsigned grow_span_cache(size_t cls, void **ps, int n) {
-  size_t size = hak_class_size[cls], c = cls - HAK_SLAB_CLASSES;
+static unsigned grow_span_cache(size_t size, void **ps, int n) {
+  size_t c = span_number(size) - HAK_SLAB_CLASSES;
   unsigned max;
   do {
     max = hak_tls_heap->span_max[c];
@@ -3235,11 +3322,11 @@ TEST(a_cache_that_may_grow_no_more_overflows_to_the_page_heap) {
   /* the cache holds 102 blocks (16 MiB); 18 overflows in a row are not
    * 4 MiB given back: not a thread that drains */
   enum { N = 120 };
-  size_t size = 160000, cls = hak_size_class(size);
+  size_t size = 160000, cls = span_number(size);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
-  unsigned max = grow_span_cache(cls, ps, N);
+  unsigned max = grow_span_cache(size, ps, N);
   REQUIRE(max < N);
   for (int i = 0; i < N; i++) free(ps[i]);
   REQUIRE(!hak_tls_heap->draining);
@@ -3255,11 +3342,11 @@ TEST(a_cache_that_may_grow_no_more_overflows_to_the_page_heap) {
  * thread that only frees drains). */
 TEST(a_thread_whose_use_swings_does_not_drain) {
   enum { N = 112, CYCLES = 4, TAKE = 4, OVER = 8 };
-  size_t size = 250000, cls = hak_size_class(size);
+  size_t size = 250000, cls = span_number(size);
   static void *ps[N];
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
-  unsigned max = grow_span_cache(cls, ps, N);
+  unsigned max = grow_span_cache(size, ps, N);
   REQUIRE(max + CYCLES * (TAKE + OVER) <= N);
   int next = 0;
   while (next < (int)max) free(ps[next++]); /* the cache is full */
@@ -3279,10 +3366,10 @@ TEST(a_thread_whose_use_swings_does_not_drain) {
  * and freed, the page heap no dirty run, and no trim of the period comes
  * in the next refills: the thread has moved on from that size. */
 static void cache_of_a_size_left(void **ps, int n, size_t size) {
-  size_t cls = hak_size_class(size);
+  size_t cls = span_number(size);
   hak_opt.purge_delay_ms = 100000;
   for (int i = 0; i < n; i++) REQUIRE((ps[i] = malloc(size)) != NULL);
-  REQUIRE(grow_span_cache(cls, ps, n) >= (unsigned)n); /* the page heap holds no dirty run */
+  REQUIRE(grow_span_cache(size, ps, n) >= (unsigned)n); /* the page heap holds no dirty run */
   for (int i = 0; i < n; i++) free(ps[i]);
   REQUIRE(cache_len(cls) == (size_t)n);
   hak_tls_heap->span_refills = 0;
@@ -3290,7 +3377,7 @@ static void cache_of_a_size_left(void **ps, int n, size_t size) {
 
 TEST(a_fresh_refill_trims_the_caches_of_sizes_left) {
   enum { N = 48 }; /* 12 MiB of 256 KiB blocks */
-  size_t size = 250000, cls = hak_size_class(size);
+  size_t size = 250000, cls = span_number(size);
   static void *ps[N];
   cache_of_a_size_left(ps, N, size);
   void *b[3];
@@ -3319,7 +3406,7 @@ static void *take_16_mib_of_spans(void *arg) {
  * span pages in use. */
 TEST(a_fresh_refill_trims_the_caches_of_sizes_left_while_another_thread_holds_more) {
   enum { N = 48 };
-  size_t size = 250000, cls = hak_size_class(size);
+  size_t size = 250000, cls = span_number(size);
   static void *ps[N], *other[64];
   run_thread(take_16_mib_of_spans, other);
   cache_of_a_size_left(ps, N, size);
@@ -3338,14 +3425,14 @@ TEST(a_fresh_refill_trims_the_caches_of_sizes_left_while_another_thread_holds_mo
  * on to other sizes. */
 TEST(a_fresh_refill_trims_the_caches_only_once_the_program_stops_growing) {
   enum { LIVE = 48, N = 24 }; /* 12 MiB in use, 4.9 MiB cached */
-  size_t cached = hak_size_class(200000);
+  size_t cached = span_number(200000);
   void *live[LIVE], *ps[N], *b[4];
   hak_opt.purge_delay_ms = 100000;
   flush_span_caches();
   hak_release_all();
   for (int i = 0; i < LIVE; i++) REQUIRE((live[i] = malloc(250000)) != NULL);
   for (int i = 0; i < N; i++) REQUIRE((ps[i] = malloc(200000)) != NULL);
-  REQUIRE(grow_span_cache(cached, ps, N) >= N);
+  REQUIRE(grow_span_cache(200000, ps, N) >= N);
   for (int i = 0; i < N; i++) free(ps[i]);
   REQUIRE(cache_len(cached) == N);
   hak_tls_heap->span_refills = 0; /* no trim of the period in what follows */
@@ -3365,7 +3452,7 @@ TEST(a_fresh_refill_trims_the_caches_only_once_the_program_stops_growing) {
 /* The next span refill trims the caches (the last of a trim period). */
 static void trim_span_caches(size_t size) {
   hak_tls_heap->span_refills = hak_tls_heap->span_trim_period - 1;
-  REQUIRE(hak_tls_heap->free[hak_size_class(size)] == NULL);
+  REQUIRE(hak_tls_heap->free[span_number(size)] == NULL);
   free(malloc(size));
   REQUIRE(hak_tls_heap->span_refills == 0);
 }
@@ -3375,7 +3462,7 @@ static void trim_span_caches(size_t size) {
  * dry in between, however little it was used. */
 TEST(a_trim_gives_back_what_a_cache_did_not_use) {
   enum { DRY = 8, IDLE = 5 }; /* the first bounds of the classes of 8 and 12 KiB */
-  size_t dry = hak_size_class(8000), idle = hak_size_class(12000), c = idle - HAK_SLAB_CLASSES;
+  size_t dry = span_number(8000), idle = span_number(12000), c = idle - HAK_SLAB_CLASSES;
   void *d[DRY], *u[IDLE];
   flush_span_caches();
   fill_span_batches();

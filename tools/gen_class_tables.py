@@ -38,11 +38,16 @@ def constant(src, name):
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("fast", "small"):
         sys.exit(__doc__.strip().splitlines()[2])
-    m = re.search(r"hak_class_size\[HAK_CLASSES\] = \{(.*?)\};", read("src/classes.c"), re.S)
+    m = re.search(r"hak_class_size\[HAK_NUMBERS\] = \{(.*?)\};", read("src/classes.c"), re.S)
     if not m:
         sys.exit("gen_class_tables: hak_class_size not found in src/classes.c")
-    sizes = [int(x) for x in re.findall(r"\d+", m.group(1))]
     types = read("src/types.h")
+    classes = re.search(r"#define HAK_CLASSES (\d+)", types)
+    if not classes:
+        sys.exit("gen_class_tables: HAK_CLASSES not found in src/types.h")
+    # the sizes of the classes, not of malloc's numbers past them
+    sizes = [int(x) for x in re.findall(r"\d+", re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S))]
+    sizes = sizes[:int(classes.group(1))]
 
     slab_max, colour_max = constant(types, "HAK_SLAB_MAX"), constant(types, "HAK_SPAN_COLOUR_MAX")
     span_classes = sum(1 for s in sizes if s > slab_max)
