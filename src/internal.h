@@ -894,12 +894,13 @@ HAK_INLINE void *hak_aligned_pop(size_t align, size_t size) {
   if (HAK_LIKELY(align <= HAK_SLAB_ALIGN_MAX && size - 1 < HAK_BIG_MAX - HAK_CANARY)) {
     size_t need = hak_aligned_need(size, align);
     if (HAK_LIKELY(need <= HAK_BIG_MAX)) {
-      size_t cls = hak_size_class(need);
-      hak_heap_t *heap = hak_tls_heap;
-      void *b = hak_heap_pop(heap, hak_class_is_span(cls) ? hak_span_at_page(cls) : cls);
+      /* a slab class, or the list of a span class's blocks at their page's start */
+      size_t number = hak_fast_class[(need + 15) >> 4];
+      if (number - HAK_SLAB_CLASSES < HAK_SPAN_CLASSES) number = hak_span_at_page(number);
+      void *b = hak_heap_pop(hak_tls_heap, number);
       if (HAK_LIKELY(b != NULL)) {
         HAK_ASSERT(((uintptr_t)b & (align - 1)) == 0);
-        HAK_CSTAT_ALLOC(cls, size);
+        HAK_CSTAT_ALLOC(number, size);
         return b;
       }
     }
