@@ -646,9 +646,14 @@ static void *block_take(size_t number, unsigned align_pages, uint32_t heap_numbe
   return b + offset;
 }
 
+/* The span segment of block p. */
+static inline hak_segment_t *block_segment(const void *p) {
+  return (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
+}
+
 /* The block at p goes back to the page heap. */
 static void block_give(void *p, uint64_t now) {
-  hak_segment_t *seg = (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *seg = block_segment(p);
   unsigned first = page_index(p);
   uint32_t w = seg->span.page[first];
   HAK_ASSERT((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
@@ -1179,7 +1184,8 @@ static void *refill(size_t size, hak_heap_t *heap, size_t cls, unsigned align_pa
   }
   hak_block_t *batch = align_pages == 1 ? transfer_pop(c) : NULL;
   /* blocks at their page's start serve every size of the class */
-  if (batch == NULL && align_pages == 1 && cls < HAK_CLASSES) batch = transfer_pop(c + HAK_SPAN_CLASSES);
+  if (batch == NULL && align_pages == 1 && cls < HAK_CLASSES)
+    batch = transfer_pop(hak_span_at_page(cls) - HAK_SLAB_CLASSES);
   bool near_most = false;
   bool filled = false;
   if (batch != NULL) {
@@ -1213,8 +1219,7 @@ static void *other_cache_pop(hak_heap_t *heap, size_t n) {
   if (b == NULL) return NULL;
   heap->clean[n] = 0; /* for calloc: not the last refill's */
   if (n != cls) {
-    hak_segment_t *seg = (hak_segment_t *)((uintptr_t)b & ~(uintptr_t)HAK_SEG_MASK);
-    seg->span.page_block[page_index(b)] = hak_span_entry_make(n, 0);
+    block_segment(b)->span.page_block[page_index(b)] = hak_span_entry_make(n, 0);
     b = (uint8_t *)hak_page_down((uintptr_t)b);
   }
   hak_block_handout(b, hak_span_block_bytes(n, b));
