@@ -52,7 +52,7 @@ void *hak_alloc_zero(size_t count, size_t size) {
   }
   if (total > HAK_BIG_MAX - HAK_CANARY) return hak_large_alloc(total, 0, true);
   hak_heap_t *heap = hak_tls_heap;
-  size_t number = hak_fast_class[(total + HAK_CANARY + 15) >> 4];
+  size_t number = hak_size_number(total + HAK_CANARY);
   /* Only a span refill may hand out zero memory (heap->clean); a list may
    * hold blocks freed since. */
   bool clean = false;

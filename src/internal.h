@@ -74,9 +74,12 @@ extern const uint8_t hak_fast_class[HAK_FAST_MAX / 16 + 1];
 HAK_INLINE size_t hak_class_of_number(size_t n) { return n < HAK_CLASSES ? n : n - HAK_SPAN_CLASSES; }
 /* The number of the list of span class cls's blocks at their page's start. */
 HAK_INLINE size_t hak_span_at_page(size_t cls) { return cls + HAK_SPAN_CLASSES; }
-/* Class of a size <= HAK_BIG_MAX. */
+/* malloc's number of a size <= HAK_BIG_MAX: its class, or for a size past
+ * the colours of a span class, hak_span_at_page's. */
 _Static_assert(HAK_FAST_MAX == HAK_BIG_MAX, "the table covers every slab size");
-HAK_INLINE size_t hak_size_class(size_t size) { return hak_class_of_number(hak_fast_class[(size + 15) >> 4]); }
+HAK_INLINE size_t hak_size_number(size_t size) { return hak_fast_class[(size + 15) >> 4]; }
+/* Class of a size <= HAK_BIG_MAX. */
+HAK_INLINE size_t hak_size_class(size_t size) { return hak_class_of_number(hak_size_number(size)); }
 HAK_INLINE bool hak_class_is_span(size_t cls) { return cls >= HAK_SLAB_CLASSES; }
 
 /* ---- os.c: the only place that talks to the kernel ---- */
@@ -370,7 +373,8 @@ HAK_INLINE uintptr_t hak_page_offset(const void *p) { return (uintptr_t)p & (HAK
 /* A span block starts at its first page's colour, one of 16 lines of the
  * first KiB chosen by the page's address, unless it is one of its class's
  * blocks at their page's start (hak_span_at_page: for the sizes that do
- * not fit after every colour, and alignments). Page-aligned blocks put their first lines, which malloc's pop
+ * not fit after every colour, and alignments). Page-aligned blocks put
+ * their first lines, which malloc's pop
  * and the program read and write, in one set of L1 and 16 of L2's 1,024
  * sets (on the AMD hosts: 128 lines for all of them); the floor allocator
  * with page-multiple classes ran mid_large_mt 8-32 KiB 1.04x faster with
@@ -868,7 +872,7 @@ HAK_INLINE void *hak_malloc_pop_or(size_t size, bool refill) {
   if (HAK_LIKELY(size <= HAK_FAST_MAX - HAK_CANARY)) {
     /* a class, or malloc's number for the sizes a span class serves at a
      * page's start (HAK_SPAN_COLOUR_MAX) */
-    size_t cls = hak_fast_class[(size + HAK_CANARY + 15) >> 4];
+    size_t cls = hak_size_number(size + HAK_CANARY);
     void *b = hak_heap_pop(heap, cls);
     if (HAK_LIKELY(b != NULL)) {
       HAK_CSTAT_ALLOC(cls, size);
@@ -895,7 +899,7 @@ HAK_INLINE void *hak_aligned_pop(size_t align, size_t size) {
     size_t need = hak_aligned_need(size, align);
     if (HAK_LIKELY(need <= HAK_BIG_MAX)) {
       /* a slab class, or the list of a span class's blocks at their page's start */
-      size_t number = hak_fast_class[(need + 15) >> 4];
+      size_t number = hak_size_number(need);
       if (number - HAK_SLAB_CLASSES < HAK_SPAN_CLASSES) number = hak_span_at_page(number);
       void *b = hak_heap_pop(hak_tls_heap, number);
       if (HAK_LIKELY(b != NULL)) {

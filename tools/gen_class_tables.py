@@ -45,12 +45,14 @@ def main():
     classes = re.search(r"#define HAK_CLASSES (\d+)", types)
     if not classes:
         sys.exit("gen_class_tables: HAK_CLASSES not found in src/types.h")
-    # the sizes of the classes, not of malloc's numbers past them
-    sizes = [int(x) for x in re.findall(r"\d+", re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S))]
-    sizes = sizes[:int(classes.group(1))]
+    # the sizes of the classes, then of malloc's numbers past them: the span classes' again
+    numbers = [int(x) for x in re.findall(r"\d+", re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S))]
+    sizes = numbers[:int(classes.group(1))]
 
     slab_max, colour_max = constant(types, "HAK_SLAB_MAX"), constant(types, "HAK_SPAN_COLOUR_MAX")
     span_classes = sum(1 for s in sizes if s > slab_max)
+    if numbers[len(sizes):] != sizes[len(sizes) - span_classes:]:
+        sys.exit("gen_class_tables: hak_class_size past HAK_CLASSES must repeat the span classes' sizes")
 
     def cls(n):
         n = max(n, 1)
