@@ -38,21 +38,20 @@ def constant(src, name):
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("fast", "small"):
         sys.exit(__doc__.strip().splitlines()[2])
-    m = re.search(r"hak_class_size\[HAK_NUMBERS\] = \{(.*?)\};", read("src/classes.c"), re.S)
-    if not m:
-        sys.exit("gen_class_tables: hak_class_size not found in src/classes.c")
+    classes_c = read("src/classes.c")
+    m = re.search(r"hak_class_size\[HAK_NUMBERS\] = \{(.*?)\};", classes_c, re.S)
+    span = re.search(r"#define SPAN_SIZES((?:.*\\\n)*.*)", classes_c)
+    if not m or not span:
+        sys.exit("gen_class_tables: hak_class_size or SPAN_SIZES not found in src/classes.c")
     types = read("src/types.h")
     classes = re.search(r"#define HAK_CLASSES (\d+)", types)
     if not classes:
         sys.exit("gen_class_tables: HAK_CLASSES not found in src/types.h")
-    # the sizes of the classes, then of malloc's numbers past them: the span classes' again
-    numbers = [int(x) for x in re.findall(r"\d+", re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S))]
-    sizes = numbers[:int(classes.group(1))]
+    body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S).replace("SPAN_SIZES", span.group(1))
+    sizes = [int(x) for x in re.findall(r"\d+", body)][:int(classes.group(1))]  # the classes'
 
     slab_max, colour_max = constant(types, "HAK_SLAB_MAX"), constant(types, "HAK_SPAN_COLOUR_MAX")
     span_classes = sum(1 for s in sizes if s > slab_max)
-    if numbers[len(sizes):] != sizes[len(sizes) - span_classes:]:
-        sys.exit("gen_class_tables: hak_class_size past HAK_CLASSES must repeat the span classes' sizes")
 
     def cls(n):
         n = max(n, 1)
