@@ -2178,7 +2178,7 @@ TEST(span_blocks_are_runs_of_pages_of_a_span_segment) {
 
 /* malloc's number of a span size: the cache its blocks come from and go
  * back to (its class's, or that of the class's blocks at their page's start). */
-static size_t span_number(size_t size) { return hak_fast_class[(size + HAK_CANARY + 15) >> 4]; }
+static size_t span_number(size_t size) { return hak_size_number(size + HAK_CANARY); }
 
 /* The heap's cache of a class holds the blocks freed to it, counted by
  * its head block's depth. */
@@ -2323,7 +2323,7 @@ TEST(span_blocks_start_at_their_pages_colours) {
 TEST(a_size_past_the_largest_colour_starts_at_its_page) {
   size_t cls = hak_size_class(10000), big = hak_class_size[cls] - HAK_CANARY, at_page = hak_span_at_page(cls);
   REQUIRE(fits_every_colour(cls, 10000) && !fits_every_colour(cls, big + HAK_CANARY));
-  CHECK(hak_fast_class[(big + HAK_CANARY + 15) >> 4] == at_page);
+  CHECK(hak_size_number(big + HAK_CANARY) == at_page);
   flush_span_caches();
   uint8_t *p = malloc(big);
   REQUIRE(p != NULL);
