@@ -175,5 +175,25 @@ else
   bad "bench/run children get a clean environment"
 fi
 
+# An A/B of any command: PROG from --bin-dir, an --alloc column beside hakmem.
+out=$(python3 bench/run --cmd "random_mixed 20000 64 1234567 16 64" --rounds 2 --warmup 0 \
+      --only hakmem,again --alloc "again=$LIBHAKMEM" --hakmem-lib "$LIBHAKMEM" --bin-dir "$BIN" \
+      --out-dir "$tmp" --tag c --no-install --no-plot -q 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c '^random_mixed 20000 64 1234567 16 64,hakmem,' "$tmp/c.csv")" -eq 2 ] &&
+   [ "$(grep -c '^random_mixed 20000 64 1234567 16 64,again,' "$tmp/c.csv")" -eq 2 ] &&
+   grep -q "min=16 max=64" "$tmp/c.csv"; then
+  ok "bench/run --cmd: the command as a workload, each allocator in each round"
+else
+  bad "bench/run --cmd (exit $rc)" "$out"
+fi
+if out=$(python3 bench/run --cmd " " --only hakmem --hakmem-lib "$LIBHAKMEM" --no-install --dry-run 2>&1); then
+  bad "bench/run --cmd with no command fails" "$out"
+elif [[ $out == *"--cmd needs a command"* ]]; then
+  ok "bench/run --cmd with no command fails, naming the fault"
+else
+  bad "bench/run --cmd with no command fails, naming the fault" "$out"
+fi
+
 echo "RESULT bench $pass $fail"
 [ "$fail" -eq 0 ]
