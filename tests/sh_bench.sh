@@ -3,7 +3,8 @@
 # glibc and under $LIBHAKMEM and prints a parsable ops/s= line; the
 # statistics code of tools/hakbench.py passes its unit tests; tools/matrix_runs.py
 # summarizes the committed reports; bench/run runs
-# end to end (1 tiny workload, 1 round, glibc + hakmem) and writes its CSV.
+# end to end (1 tiny workload, 1 round, glibc + hakmem) and writes its CSV, and
+# runs a command of its own beside a commit's library (--cmd, --rev).
 # Env: LIBHAKMEM (release .so, default build/libhakmem.so), BUILD (default build).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -186,6 +187,28 @@ if [ $rc -eq 0 ] && [ "$(grep -c '^random_mixed 20000 64 1234567 16 64,hakmem,' 
   ok "bench/run --cmd: the command as a workload, each allocator in each round"
 else
   bad "bench/run --cmd (exit $rc)" "$out"
+fi
+# A column of a commit's library, built from its tree (here HEAD's).
+if sha=$(git rev-parse --verify --quiet HEAD 2>/dev/null); then
+  out=$(python3 bench/run --cmd "random_mixed 20000 64 1234567" --rounds 1 --warmup 0 --only hakmem \
+        --rev HEAD --hakmem-lib "$LIBHAKMEM" --bin-dir "$BIN" --out-dir "$tmp" --tag r --no-install \
+        --no-plot -q 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "^random_mixed 20000 64 1234567,HEAD,1,.*LD_PRELOAD=$ROOT/build/rev/${sha:0:12}/build/libhakmem.so" "$tmp/r.csv" &&
+     grep -q '^random_mixed 20000 64 1234567,hakmem,1,' "$tmp/r.csv"; then
+    ok "bench/run --rev HEAD: a column of the commit's library, built in build/rev/"
+  else
+    bad "bench/run --rev HEAD (exit $rc)" "$out"
+  fi
+  if out=$(python3 bench/run --cmd "random_mixed 20000 64" --rev no-such-rev --no-install --dry-run 2>&1); then
+    bad "bench/run --rev of no commit fails" "$out"
+  elif [[ $out == *"--rev no-such-rev: not a commit of this repository"* ]]; then
+    ok "bench/run --rev of no commit fails, naming it"
+  else
+    bad "bench/run --rev of no commit fails, naming it" "$out"
+  fi
+else
+  echo "  skip  bench/run --rev (not a git checkout)"
 fi
 if out=$(python3 bench/run --cmd " " --only hakmem --hakmem-lib "$LIBHAKMEM" --no-install --dry-run 2>&1); then
   bad "bench/run --cmd with no command fails" "$out"
