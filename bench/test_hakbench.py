@@ -121,6 +121,23 @@ class Summary(unittest.TestCase):
         self.assertIn(f"{90 / 96:.3f}x", hb.format_table(cells, ["w"], allocs, "hakmem", samples=ss))
         self.assertNotIn("fastest peer", hb.format_table(cells, ["w"], allocs, "hakmem"))
 
+    def test_column_rows_pair_each_build_with_the_baseline_round_by_round(self):
+        ss = [sample("w", "hakmem", 0, 1), sample("w", "old", 0, 1000)]  # warm-up: ignored
+        for r, (h, old, tc) in enumerate([(100, 110, 90), (200, 180, 90), (100, 130, 90),
+                                          (100, None, 90), (50, 60, 90)], 1):
+            ss += [sample("w", "hakmem", r, h), sample("w", "old", r, old, rc=0 if old else 1),
+                   sample("w", "tcmalloc", r, tc)]
+        allocs = ["hakmem", "tcmalloc", "old"]
+        rows = hb.column_rows(ss, ["w"], allocs, "hakmem")
+        # ratios by round 1.1, 0.9, 1.3, (failed), 1.2: tcmalloc is a peer, not a column
+        self.assertEqual(rows[1:], [["w", "old", "1.150x", "0.900-1.300", "0.90-1.30", "4 of 5"]])
+        ss += [sample("w", "old", r, 100 * r) for r in range(6, 11)]  # no baseline: not counted
+        self.assertEqual(hb.column_rows(ss, ["w"], allocs, "hakmem")[1][5], "4 of 5")
+        self.assertEqual(hb.column_rows(ss, ["w"], ["hakmem", "tcmalloc"], "hakmem"), [rows[0]])
+        cells = hb.summarize(ss)
+        self.assertIn("column / hakmem, same round", hb.format_table(cells, ["w"], allocs, "hakmem",
+                                                                      samples=ss))
+
     def test_paired_rows_leave_out_rounds_with_a_failed_run(self):
         ss = []
         for r, (h, mi) in enumerate([(100, 50), (100, None), (None, 10), (60, 30)], 1):

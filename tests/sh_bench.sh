@@ -143,6 +143,18 @@ else
   bad "tools/matrix_runs.py (want gm rows 1.234)" "$out"
 fi
 
+# The table of the other columns against hakmem (from session 85 on) changes no figure.
+awk '/^Peak RSS/ { print "| workload (column / hakmem, same round) | column | median | middle half | min-max | rounds |";
+                   print "|---|---|---|---|---|---|";
+                   print "| random_mixed ws=400 | hakmem-secure | 0.828x | 0.819-0.837 | 0.78-0.84 | 11 of 11 |"; print "" }
+     { print }' "$full" > "$tmp/cols.md"
+if grep -q "column / hakmem" "$tmp/cols.md" && out=$(python3 tools/matrix_runs.py "$tmp/cols.md" 2>&1) &&
+   [ "$(printf '%s\n' "$out" | tail -1 | cut -d'|' -f4-)" = "$(python3 tools/matrix_runs.py "$full" | tail -1 | cut -d'|' -f4-)" ]; then
+  ok "tools/matrix_runs.py: the other columns' table changes no figure"
+else
+  bad "tools/matrix_runs.py with the other columns' table" "$out"
+fi
+
 # --counts reads a table of such rows back: how many runs met each target. A run
 # marked "not in the status's counts" is left out; a group counts by its lowest row.
 python3 tools/matrix_runs.py "$full" > "$tmp/runs.md"
@@ -183,8 +195,9 @@ out=$(python3 bench/run --cmd "random_mixed 20000 64 1234567 16 64" --rounds 2 -
 rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c '^random_mixed 20000 64 1234567 16 64,hakmem,' "$tmp/c.csv")" -eq 2 ] &&
    [ "$(grep -c '^random_mixed 20000 64 1234567 16 64,again,' "$tmp/c.csv")" -eq 2 ] &&
-   grep -q "min=16 max=64" "$tmp/c.csv"; then
-  ok "bench/run --cmd: the command as a workload, each allocator in each round"
+   grep -q "min=16 max=64" "$tmp/c.csv" &&
+   grep -q '^| random_mixed 20000 64 1234567 16 64 *| *again | [0-9.]*x | [0-9.]*-[0-9.]* | [0-9.]*-[0-9.]* | 2 of 2 |' "$tmp/c.md"; then
+  ok "bench/run --cmd: the command as a workload, each allocator in each round, paired by round"
 else
   bad "bench/run --cmd (exit $rc)" "$out"
 fi

@@ -628,8 +628,7 @@ def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -
     the machine's state of that moment, which the medians of the main
     table, taken over all rounds, do not. Last, the geometric mean of the
     rows' medians."""
-    ops = {(s.workload, s.allocator, s.round): s.result.ops_per_s if s.result.ok else None
-           for s in samples if s.round > 0}
+    ops = round_ops(samples)
     peers = [a for a in allocs if a in PEERS and a != baseline]
     rows = [[f"workload ({baseline} / fastest peer, same round)", "fastest peer", "median",
              "min-max", "rounds"]]
@@ -663,6 +662,38 @@ def paired_rows(samples: Sequence[Sample], cells, workloads, allocs, baseline) -
     return rows
 
 
+def round_ops(samples: Sequence[Sample]) -> Dict[Tuple[str, str, int], Optional[float]]:
+    """ops/s by (workload, allocator, round) of the measured rounds; None for a failed run."""
+    return {(s.workload, s.allocator, s.round): s.result.ops_per_s if s.result.ok else None
+            for s in samples if s.round > 0}
+
+
+def column_rows(samples: Sequence[Sample], workloads, allocs, baseline) -> List[List[str]]:
+    """Per workload, each column that is neither the baseline nor a peer (a
+    --alloc or --rev build) over the baseline in the same round: the median,
+    the middle half and the min-max of those ratios, and how many rounds
+    counted. How one build is measured against another: the pair of a
+    round shares the machine's state of that moment."""
+    ops = round_ops(samples)
+    others = [a for a in allocs if a != baseline and a not in PEERS]
+    rows = [[f"workload (column / {baseline}, same round)", "column", "median", "middle half",
+             "min-max", "rounds"]]
+    for w in workloads:
+        rounds = sorted({r for (ww, a, r) in ops if ww == w and a == baseline})
+        for a in others:
+            rs = sorted(ops[(w, a, r)] / ops[(w, baseline, r)] for r in rounds
+                        if ops.get((w, a, r)) and ops.get((w, baseline, r)))
+            counted = f"{len(rs)} of {len(rounds)}"
+            if not rs:
+                rows.append([w, a, "-", "-", "-", counted])
+                continue
+            quarter = (len(rs) - 1) / 4
+            rows.append([w, a, f"{median(rs):.3f}x",
+                         f"{rs[math.floor(quarter)]:.3f}-{rs[math.ceil(3 * quarter)]:.3f}",
+                         f"{rs[0]:.2f}-{rs[-1]:.2f}", counted])
+    return rows
+
+
 def rss_rows(cells, workloads, allocs) -> List[List[str]]:
     rows = [["workload (peak RSS MiB / median wall s)"] + list(allocs)]
     for w in workloads:
@@ -679,12 +710,14 @@ def rss_rows(cells, workloads, allocs) -> List[List[str]]:
 
 def format_table(cells, workloads, allocs, baseline, md: bool = False,
                  samples: Sequence[Sample] = ()) -> str:
-    """The throughput table, the round-by-round one if samples are given
-    (and a peer ran), and the RSS table."""
+    """The throughput table, the round-by-round ones if samples are given
+    (against the fastest peer, if one ran; of the other columns, if any), and
+    the RSS table."""
     out = [_table(throughput_rows(cells, workloads, allocs, baseline), md)]
-    paired = paired_rows(samples, cells, workloads, allocs, baseline)
-    if len(paired) > 1:
-        out.append(_table(paired, md))
+    for rows in (paired_rows(samples, cells, workloads, allocs, baseline),
+                 column_rows(samples, workloads, allocs, baseline)):
+        if len(rows) > 1:
+            out.append(_table(rows, md))
     out.append(_table(rss_rows(cells, workloads, allocs), md))
     return "\n\n".join(out)
 
@@ -747,6 +780,11 @@ def write_markdown(path: str, title: str, cells, workloads: Sequence[Workload],
                 f"{baseline}'s ops/s over that peer's, the median and the range over the rounds "
                 "where every one ran; the geometric mean of the medians last.", "",
                 _table(paired, True), ""]
+    columns = column_rows(samples, wn, an, baseline)
+    if len(columns) > 1:
+        out += [f"Each other column against {baseline} in each round: its ops/s over {baseline}'s, "
+                "the median, the middle half and the range of those ratios over the rounds "
+                "where both ran.", "", _table(columns, True), ""]
     out += ["Peak RSS (max ru_maxrss over the rounds) and median wall time:", "",
             _table(rss_rows(cells, wn, an), True), ""]
     errs = [c for c in cells.values() if c.error]

@@ -60,7 +60,8 @@ def parse(path):
     for line in text.splitlines():
         if line.startswith("| workload ("):
             section = ("thr" if "ops/s" in line else
-                       "best" if "best peer" in line or "fastest peer" in line else "rss")
+                       "best" if "best peer" in line or "fastest peer" in line else
+                       "other" if "same round" in line else "rss")
             heading = cells(line)
         elif line.startswith("|--"):
             continue
