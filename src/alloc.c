@@ -135,7 +135,7 @@ HAK_NOINLINE static void *realloc_generic(void *p, size_t size) {
  * the segment map tells the tiers apart, so it reads nothing of a slab. */
 void *hak_realloc_impl(void *p, size_t size) {
   uint8_t m = hak_segmap_of(p); /* NONE for NULL; the arena's blocks go generic */
-  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *seg = hak_segment_base(p);
   if (HAK_LIKELY(m == HAK_SEGMAP_SLABS) && seg->kind != HAK_KIND_LARGE) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     size_t old = slab->block_size - HAK_CANARY;

@@ -240,12 +240,17 @@ hak_segment_t *hak_large_header(const void *p);
  * (its chunk purged, or its pages moved to another block): freeing it
  * again is a double free. */
 bool hak_large_freed_start(const void *p);
+/* The start of (p - 1)'s chunk, whose segment-map byte hak_segmap_of reads:
+ * the segment of a slab or span block p, unchecked. */
+HAK_INLINE hak_segment_t *hak_segment_base(const void *p) {
+  return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+}
 /* The segment of p, or NULL if p is not in memory hakmem handed out. */
 HAK_INLINE hak_segment_t *hak_segment_of(const void *p) {
   uint8_t m = hak_segmap_of(p);
   if (HAK_UNLIKELY(m == HAK_SEGMAP_NONE)) return NULL;
   if (HAK_UNLIKELY(m == HAK_SEGMAP_LARGE)) return hak_large_header(p);
-  return (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  return hak_segment_base(p);
 }
 /* Where p's unit is in the segment's array: (p's offset >> HAK_UNIT_SHIFT)
  * * 16 bytes, from p in two instructions. Its fields are read at that
@@ -374,11 +379,11 @@ HAK_INLINE uintptr_t hak_page_offset(const void *p) { return (uintptr_t)p & (HAK
  * first KiB chosen by the page's address, unless it is one of its class's
  * blocks at their page's start (hak_span_at_page: for the sizes that do
  * not fit after every colour, and alignments). Page-aligned blocks put
- * their first lines, which malloc's pop
- * and the program read and write, in one set of L1 and 16 of L2's 1,024
- * sets (on the AMD hosts: 128 lines for all of them); the floor allocator
- * with page-multiple classes ran mid_large_mt 8-32 KiB 1.04x faster with
- * its blocks 256 B further apart from one page to the next. */
+ * their first lines, which malloc's pop and the program read and write,
+ * in one set of L1 and 16 of L2's 1,024 sets (on the AMD hosts: 128 lines
+ * for all of them); the floor allocator with page-multiple classes ran
+ * mid_large_mt 8-32 KiB 1.04x faster with its blocks 256 B further apart
+ * from one page to the next. */
 HAK_INLINE uintptr_t hak_span_colour(const void *p) {
   uintptr_t a = (uintptr_t)p;
   return (((a >> 4) ^ a) >> 6) & HAK_SPAN_COLOUR_MAX; /* page number bits 0-3 xor 4-7, as lines */
@@ -946,7 +951,7 @@ HAK_INLINE uint8_t hak_segmap_reread(const void *p) {
 }
 
 HAK_INLINE void hak_free_inline(void *p) {
-  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *seg = hak_segment_base(p);
   if (HAK_LIKELY(hak_segmap_of(p) == HAK_SEGMAP_SLABS)) {
     uintptr_t unit = hak_unit_byte(p);
     hak_slab_t *slab = hak_own_slab(hak_unit_slab(seg, unit), p);
@@ -979,7 +984,7 @@ HAK_INLINE void hak_free_inline(void *p) {
  * use, found and checked as realloc finds them, with no call. */
 HAK_INLINE size_t hak_usable_size_inline(const void *p) {
   uint8_t m = hak_segmap_of(p); /* NONE for NULL */
-  hak_segment_t *seg = (hak_segment_t *)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t *seg = hak_segment_base(p);
   if (HAK_LIKELY(m == HAK_SEGMAP_SLABS)) {
     hak_slab_t *slab = hak_slab_of(seg, p);
     if (HAK_LIKELY(hak_slab_has_block(slab, p))) return slab->block_size - HAK_CANARY;

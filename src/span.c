@@ -646,14 +646,9 @@ static void *block_take(size_t number, unsigned align_pages, uint32_t heap_numbe
   return b + offset;
 }
 
-/* The span segment of block p. */
-static inline hak_segment_t *block_segment(const void *p) {
-  return (hak_segment_t *)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
-}
-
 /* The block at p goes back to the page heap. */
 static void block_give(void *p, uint64_t now) {
-  hak_segment_t *seg = block_segment(p);
+  hak_segment_t *seg = hak_segment_base(p);
   unsigned first = page_index(p);
   uint32_t w = seg->span.page[first];
   HAK_ASSERT((w & HAK_PAGE_TAG) == HAK_PAGE_USED);
@@ -1219,7 +1214,7 @@ static void *other_cache_pop(hak_heap_t *heap, size_t n) {
   if (b == NULL) return NULL;
   heap->clean[n] = 0; /* for calloc: not the last refill's */
   if (n != cls) {
-    block_segment(b)->span.page_block[page_index(b)] = hak_span_entry_make(n, 0);
+    hak_segment_base(b)->span.page_block[page_index(b)] = hak_span_entry_make(n, 0);
     b = (uint8_t *)hak_page_down((uintptr_t)b);
   }
   hak_block_handout(b, hak_span_block_bytes(n, b));
