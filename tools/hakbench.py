@@ -681,16 +681,17 @@ def column_rows(samples: Sequence[Sample], workloads, allocs, baseline) -> List[
     for w in workloads:
         rounds = sorted({r for (ww, a, r) in ops if ww == w and a == baseline})
         for a in others:
-            rs = sorted(ops[(w, a, r)] / ops[(w, baseline, r)] for r in rounds
-                        if ops.get((w, a, r)) and ops.get((w, baseline, r)))
+            rs = sorted(x for x in (ratio(ops.get((w, a, r)), ops.get((w, baseline, r)))
+                                    for r in rounds) if x)
             counted = f"{len(rs)} of {len(rounds)}"
             if not rs:
                 rows.append([w, a, "-", "-", "-", counted])
                 continue
             quarter = (len(rs) - 1) / 4
+            lo, hi = spread(rs)
             rows.append([w, a, f"{median(rs):.3f}x",
                          f"{rs[math.floor(quarter)]:.3f}-{rs[math.ceil(3 * quarter)]:.3f}",
-                         f"{rs[0]:.2f}-{rs[-1]:.2f}", counted])
+                         f"{lo:.2f}-{hi:.2f}", counted])
     return rows
 
 
