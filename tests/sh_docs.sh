@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # docs/OPTIONS.md is generated from the option table and must be current;
-# HAKMEM_VERBOSE prints the version, build flags and every option.
+# PERFORMANCE.md's status agrees with its table of runs; HAKMEM_VERBOSE
+# prints the version, build flags and every option.
 cd "$(dirname "$0")/.."
 pass=0 fail=0
 check() { # name, command...
@@ -10,6 +11,7 @@ check() { # name, command...
 }
 check options_doc_is_current make -s check-options-doc
 check class_tables_are_current make -s check-class-tables
+check status_counts_agree_with_the_table_of_runs python3 tools/matrix_runs.py --check docs/PERFORMANCE.md
 verbose=$(HAKMEM_VERBOSE=1 LD_PRELOAD="$LIBHAKMEM" /bin/true 2>&1)
 check verbose_prints_version grep -q "hakmem 0.1.0 (release)" <<< "$verbose"
 check verbose_prints_build_flags grep -q "built with .*-O2" <<< "$verbose"

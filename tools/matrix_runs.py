@@ -13,10 +13,13 @@ is this script's output.
 With --counts, it reads such a table of runs back from a markdown file and
 prints, for each column with a target of issue 4, how many runs met it: the
 "met?" column of docs/PERFORMANCE.md's status. A run whose report cell says
-"not in the status's counts" is left out.
+"not in the status's counts" is left out. With --check, it compares those
+counts with the status of the same file (its paragraph's "counts the N runs",
+its table's "over N runs" heading, each row's "k of N" and range) and names
+every one that differs.
 
 usage: tools/matrix_runs.py [--rounds N] bench/results/full-*.md
-       tools/matrix_runs.py --counts docs/PERFORMANCE.md
+       tools/matrix_runs.py --counts | --check docs/PERFORMANCE.md
   --rounds N  leave out reports of fewer rounds (default 11)
 """
 import re
@@ -42,6 +45,25 @@ COLUMNS = [  # (heading, workload prefix, how: one value or the range of a group
     ("frag", "frag", "one", 1.0),
 ]
 GM_ROWS_TARGET = 1.15  # the geometric mean over each workload's fastest peer
+# The status table's rows: how its first cell starts, the columns a run must meet
+# (all of them) to count, and the range its "met?" cell gives: of every value
+# ("all"), of each run's lowest row of a group ("lowest"), or none.
+STATUS = [
+    ("random_mixed ws=400", ["rm 400"], "all"),
+    ("random_mixed ws=8192", ["rm 8192"], "all"),
+    ("mid_large_mt 1t", ["mlm 1t"], "all"),
+    ("mid_large_mt 2t", ["mlm 2t"], "all"),
+    ("larson", ["larson"], "lowest"),
+    ("xmalloc", ["xmalloc 1p1c", "xmalloc 2p2c"], "all"),
+    ("glibc_simple", ["glibc_*"], None),
+    ("cache_scratch", ["cache"], "all"),
+    ("realloc_chain", ["realloc"], None),
+    ("large", ["large"], None),
+    ("batch", ["batch"], None),
+    ("frag", ["frag"], None),
+    ("peak RSS", ["peaks"], None),
+    ("geometric mean", ["gm rows"], "all"),
+]
 HEADS = ["commit", "report"] + [h for h, _, _, _ in COLUMNS] + ["gm peer", "gm rows", "peaks"]
 
 
@@ -104,9 +126,8 @@ def row(path, parsed):
     return "| " + " | ".join(out) + " |"
 
 
-def counts(path):
-    """Per target column of the table of runs in path: runs counted, the lowest
-    and the highest value (a group's lowest row), runs at or over the target."""
+def runs_of(path):
+    """The rows of the table of runs in path that the status counts."""
     heads, rows = False, []
     for line in open(path):
         if line.startswith("|") and cells(line) == HEADS:
@@ -117,24 +138,82 @@ def counts(path):
                 rows.append(dict(zip(HEADS, c)))
     if not rows:
         sys.exit(f"tools/matrix_runs.py: no table of runs in {path}")
-    targets = [(h, t) for h, _, _, t in COLUMNS] + [("gm rows", GM_ROWS_TARGET)]
+    return rows
+
+
+def tally(rows, heads):
+    """(runs with a value in every column of heads, runs meeting every target
+    there, lows, highs): lows and highs over each run's value or group range."""
+    targets = dict([(h, t) for h, _, _, t in COLUMNS] + [("gm rows", GM_ROWS_TARGET)])
+    if heads == ["peaks"]:
+        peaks = [r["peaks"].split() for r in rows]
+        return len(peaks), sum(p[0] == p[2] for p in peaks), [], []
+    n, met, lows, highs = 0, 0, [], []
+    for r in rows:
+        # a group's cell is "low–high"; "gm rows" may carry " (n of m)"
+        ends = [(r.get(h) or "–").split()[0].split("–") for h in heads]
+        if any(e == ["", ""] for e in ends):
+            continue
+        n += 1
+        met += all(float(e[0]) >= targets[h] for h, e in zip(heads, ends))
+        lows += [float(e[0]) for e in ends]
+        highs += [float(e[-1]) for e in ends]
+    return n, met, lows, highs
+
+
+def counts(path):
+    """Per target column of the table of runs in path: runs counted, the lowest
+    and the highest value (a group's lowest row), runs at or over the target."""
+    rows = runs_of(path)
     print("| column | target | runs | lowest | highest | at or over the target |")
     print("|---|--:|--:|--:|--:|--:|")
-    for head, target in targets:
-        # a group's cell is "low–high"; "gm rows" may carry " (n of m)"
-        ends = [r[head].split()[0].split("–") for r in rows if r.get(head, "–") not in ("", "–")]
-        lows, highs = [float(e[0]) for e in ends], [float(e[-1]) for e in ends]
-        met = sum(v >= target for v in lows)
-        print(f"| {head} | {target:.2f} | {len(lows)} | {min(lows):.3f} | {max(highs):.3f} | {met} |")
-    peaks = [r["peaks"].split() for r in rows]
-    under = sum(p[0] == p[2] for p in peaks)
-    print(f"| peaks | all | {len(peaks)} | | | {under} |")
+    for head, _, _, target in COLUMNS + [("gm rows", None, None, GM_ROWS_TARGET)]:
+        n, met, lows, highs = tally(rows, [head])
+        print(f"| {head} | {target:.2f} | {n} | {min(lows):.3f} | {max(highs):.3f} | {met} |")
+    n, met, _, _ = tally(rows, ["peaks"])
+    print(f"| peaks | all | {n} | | | {met} |")
     return 0
 
 
+def check(path):
+    """Names each cell of the status table in path that the table of runs does
+    not bear out; 0 if there is none."""
+    rows, status, faults = runs_of(path), {}, []
+    text = open(path).read()
+    want = f"counts the {len(rows)} runs"
+    if want not in " ".join(text.split()):
+        faults.append(f"status paragraph: want '{want}'")
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.startswith("| target | hakmem / fastest peer"):
+            want = f"(over {len(rows)} runs)"
+            if want not in line:
+                faults.append(f"status heading: want '{want}'")
+            for line in lines:
+                if not line.startswith("|"):
+                    break
+                c = cells(line)
+                status.update({p: c[-1] for p, _, _ in STATUS if c[0].startswith(p)})
+            break
+    for prefix, heads, span in STATUS:
+        cell = status.get(prefix)
+        if cell is None:
+            faults.append(f"status: no row '{prefix}'")
+            continue
+        n, met, lows, highs = tally(rows, heads)
+        want = [f"{met} of {n}"] if met else []
+        if span:
+            top = max(lows) if span == "lowest" else max(highs)
+            want.append(f"{min(lows):.3f}–{top:.3f}")
+        faults += [f"status '{prefix}': want '{w}' in: {cell}" for w in want if w not in cell]
+    for f in faults:
+        print(f)
+    return 1 if faults else 0
+
+
 def main(argv):
-    if len(argv) == 2 and argv[0] == "--counts":
-        return counts(argv[1])
+    if len(argv) == 2 and argv[0] in ("--counts", "--check"):
+        return (counts if argv[0] == "--counts" else check)(argv[1])
     rounds = 11
     if len(argv) > 1 and argv[0] == "--rounds":
         rounds, argv = int(argv[1]), argv[2:]
