@@ -45,7 +45,7 @@ COLUMNS = [  # (heading, workload prefix, how: one value or the range of a group
     ("frag", "frag", "one", 1.0),
 ]
 GM_ROWS_TARGET = 1.15  # the geometric mean over each workload's fastest peer
-TARGETS = [(h, t) for h, _, _, t in COLUMNS] + [("gm rows", GM_ROWS_TARGET)]
+TARGETS = {h: t for h, _, _, t in COLUMNS} | {"gm rows": GM_ROWS_TARGET}
 # The status table's rows: how its first cell starts, the columns a run must meet
 # (all of them) to count, and the range its "met?" cell gives: of every value
 # ("all"), of each run's lowest row of a group ("lowest"), or none.
@@ -155,7 +155,7 @@ def tally(rows, heads):
         if any(e == ["", ""] for e in ends):
             continue
         n += 1
-        met += all(float(e[0]) >= dict(TARGETS)[h] for h, e in zip(heads, ends))
+        met += all(float(e[0]) >= TARGETS[h] for h, e in zip(heads, ends))
         lows += [float(e[0]) for e in ends]
         highs += [float(e[-1]) for e in ends]
     return n, met, lows, highs
@@ -167,7 +167,7 @@ def counts(path):
     rows = runs_of(path)
     print("| column | target | runs | lowest | highest | at or over the target |")
     print("|---|--:|--:|--:|--:|--:|")
-    for head, target in TARGETS:
+    for head, target in TARGETS.items():
         n, met, lows, highs = tally(rows, [head])
         print(f"| {head} | {target:.2f} | {n} | {min(lows):.3f} | {max(highs):.3f} | {met} |")
     n, met, _, _ = tally(rows, ["peaks"])
