@@ -646,6 +646,22 @@ TEST(a_big_programs_carve_has_its_whole_unit_written_at_once) {
   drain(blocks, 24000);
 }
 
+/* A fresh slab of blocks over 1 KiB carves 1, 1, 2, then 4 blocks at a
+ * time: a class a program uses once has its block's page written, not the
+ * three after it that a carve of four would link. */
+static int first_carve_child(void) {
+  char *block = malloc(4000); /* a block a page */
+  if (block == NULL) return 2;
+  int after[3];
+  for (int i = 0; i < 3; i++) after[i] = page_present(block + 4096 * (i + 1));
+  printf("    the three pages after the first block of 4000 B present: %d %d %d\n", after[0], after[1],
+         after[2]);
+  free(block);
+  return after[0] == 0 && after[1] == 0 && after[2] == 0 ? 0 : 1;
+}
+
+TEST(a_class_used_once_writes_one_page_of_blocks_over_1_kib) { run_child("--first-carve-child"); }
+
 /* Refuses madvise(MADV_POPULATE_WRITE) with EPERM from here on, as a
  * sandbox's seccomp filter may; false if the filter cannot be set. */
 static bool refuse_populate(void) {
@@ -685,5 +701,6 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--calls-idle-child") == 0) return calls_idle_child();
   if (argc > 1 && strcmp(argv[1], "--map-trim-child") == 0) return map_trim_child();
   if (argc > 1 && strcmp(argv[1], "--fork-pages-child") == 0) return fork_pages_child();
+  if (argc > 1 && strcmp(argv[1], "--first-carve-child") == 0) return first_carve_child();
   return th_main("introspect", argc, argv);
 }

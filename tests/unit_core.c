@@ -3630,11 +3630,11 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
 TEST(purger_start_that_allocates_leaves_the_refill_its_block) {
   REQUIRE(atomic_load(&hak_purge_started) == 0); /* a forked child: not yet */
   run_thread(no_work, NULL); /* a program with threads, which gets the purger */
-  size_t cls = hak_size_class(3000);
+  size_t cls = hak_size_class(1000); /* a first carve of 4 blocks */
   REQUIRE(hak_tls_heap->queue[cls].first == NULL); /* the refill takes the long way */
   reenter_cls = cls;
   hak_purge_wake(); /* something to purge: the next such refill starts the thread */
-  void *p = malloc(3000);
+  void *p = malloc(1000);
   CHECK(atomic_load(&hak_purge_started) == 1 && reenter_cls == SIZE_MAX);
   CHECK(n_reentered > 0);
   CHECK(p != NULL);
@@ -3790,23 +3790,23 @@ TEST(refill_takes_freed_blocks_before_carving) {
  * and drops temporaries while it grows gets its objects in a row), and
  * calloc clears it. */
 TEST(a_fresh_runs_frees_come_back_first_and_calloc_clears_them) {
-  size_t cls = hak_size_class(2500);
-  unsigned char *p = calloc(1, 2500); /* first use of this class: fresh slab */
+  size_t cls = hak_size_class(1000);
+  unsigned char *p = calloc(1, 1000); /* first use of this class: a fresh slab's carve of 4 */
   REQUIRE(p != NULL && hak_tls_heap->free[cls] != NULL);
-  for (int i = 0; i < 2500; i++) REQUIRE(p[i] == 0);
+  for (int i = 0; i < 1000; i++) REQUIRE(p[i] == 0);
   unsigned char *next = (unsigned char *)hak_tls_heap->free[cls];
-  memset(p, 0xEE, 2500);
+  memset(p, 0xEE, 1000);
   free(p);
-  unsigned char *q = calloc(1, 2500);
+  unsigned char *q = calloc(1, 1000);
   CHECK(q == p);
-  for (int i = 0; i < 2500; i++) REQUIRE(q[i] == 0);
-  memset(q, 0xEE, 2500);
+  for (int i = 0; i < 1000; i++) REQUIRE(q[i] == 0);
+  memset(q, 0xEE, 1000);
   free(q);
-  unsigned char *r = malloc(2500);
+  unsigned char *r = malloc(1000);
   CHECK(r == p);
-  unsigned char *s = calloc(1, 2500); /* the run goes on where it was */
+  unsigned char *s = calloc(1, 1000); /* the run goes on where it was */
   CHECK(s == next);
-  for (int i = 0; i < 2500; i++) REQUIRE(s[i] == 0);
+  for (int i = 0; i < 1000; i++) REQUIRE(s[i] == 0);
   free(r);
   free(s);
 }
