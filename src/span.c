@@ -1139,14 +1139,18 @@ static unsigned cache_fill(hak_heap_t *heap, size_t cls, unsigned n, unsigned al
   return got;
 }
 
-/* Blocks a fill of span class c takes: one the first time, so that a
- * thread that uses a class once (a pool of a thousand threads, each with
- * a buffer of 8 KiB) does not write the first page of a batch of blocks. */
+/* Blocks a fill of span cache c takes: 1, 2, 4, ... up to a batch, so
+ * that a thread that uses a class a few times (a pool of a thousand
+ * threads, each with a buffer of 8 KiB; bash) does not write the first
+ * page of a batch of blocks. */
+_Static_assert(2 * (BATCH_BYTES / HAK_SLAB_MAX) <= UINT8_MAX, "span_fill_next holds twice a batch");
 static unsigned fill_size(hak_heap_t *heap, size_t c) {
-  uint64_t bit = UINT64_C(1) << c;
-  bool first = !(heap->span_filled & bit);
-  heap->span_filled |= bit;
-  return first ? 1 : batch_of(HAK_SLAB_CLASSES + c);
+  HAK_ASSERT(c < HAK_SPAN_CACHES);
+  unsigned n = heap->span_fill_next[c] ? heap->span_fill_next[c] : 1;
+  unsigned batch = batch_of(HAK_SLAB_CLASSES + c);
+  if (n >= batch) return batch;
+  heap->span_fill_next[c] = (uint8_t)(2 * n);
+  return n;
 }
 
 /* The heap's cache of malloc's number cls ran dry: noted for the trims,

@@ -298,9 +298,10 @@ struct hak_heap_s {
    * blocks of, those refilled since, the refills since, and the refills
    * between two. */
   uint64_t span_trimmed, span_refilled;
-  /* The span caches the heap has filled from the page heap: the first
-   * fill takes one block, not a batch whose first pages the links write. */
-  uint64_t span_filled;
+  /* Blocks the next fill of each span cache takes, 0 for 1 (fill_size):
+   * not a batch whose first pages the links write, until it has filled
+   * as many. */
+  uint8_t span_fill_next[HAK_SPAN_CACHES];
   /* Slab classes refilled since the last new slab and between the two
    * before; those looked at while idle (slab.c, classes_reclaim_idle). */
   uint64_t slab_refilled, slab_refilled_before, slab_checked;
