@@ -3796,23 +3796,24 @@ TEST(refill_takes_freed_blocks_before_carving) {
  * and drops temporaries while it grows gets its objects in a row), and
  * calloc clears it. */
 TEST(a_fresh_runs_frees_come_back_first_and_calloc_clears_them) {
-  size_t cls = hak_size_class(1000);
-  unsigned char *p = calloc(1, 1000); /* first use of this class: a fresh slab's carve of 4 */
+  enum { SIZE = 1000 }; /* a fresh slab's first carve: 4 blocks */
+  size_t cls = hak_size_class(SIZE);
+  unsigned char *p = calloc(1, SIZE); /* first use of this class: fresh slab */
   REQUIRE(p != NULL && hak_tls_heap->free[cls] != NULL);
-  for (int i = 0; i < 1000; i++) REQUIRE(p[i] == 0);
+  for (int i = 0; i < SIZE; i++) REQUIRE(p[i] == 0);
   unsigned char *next = (unsigned char *)hak_tls_heap->free[cls];
-  memset(p, 0xEE, 1000);
+  memset(p, 0xEE, SIZE);
   free(p);
-  unsigned char *q = calloc(1, 1000);
+  unsigned char *q = calloc(1, SIZE);
   CHECK(q == p);
-  for (int i = 0; i < 1000; i++) REQUIRE(q[i] == 0);
-  memset(q, 0xEE, 1000);
+  for (int i = 0; i < SIZE; i++) REQUIRE(q[i] == 0);
+  memset(q, 0xEE, SIZE);
   free(q);
-  unsigned char *r = malloc(1000);
+  unsigned char *r = malloc(SIZE);
   CHECK(r == p);
-  unsigned char *s = calloc(1, 1000); /* the run goes on where it was */
+  unsigned char *s = calloc(1, SIZE); /* the run goes on where it was */
   CHECK(s == next);
-  for (int i = 0; i < 1000; i++) REQUIRE(s[i] == 0);
+  for (int i = 0; i < SIZE; i++) REQUIRE(s[i] == 0);
   free(r);
   free(s);
 }
