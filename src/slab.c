@@ -10,7 +10,7 @@
 #include "internal.h"
 
 /* Blocks carved per refill from a fresh slab: about a page, at least 4
- * once the slab has carved 4 (slab_carve). A class touches only what it
+ * once the slab has carved 4 (carve_count). A class touches only what it
  * carves, so a thread that uses many classes a little (larson 10-1000: 33
  * classes, ~30 blocks each) stays small. */
 #define HAK_EXTEND_BYTES 4096
@@ -172,10 +172,21 @@ static hak_block_t *take_local(hak_heap_t *heap, hak_slab_t *slab) {
 }
 
 /* Blocks carved at a time from a slab of block size bs, once it has
- * carved that many; a carve's worth of freed blocks (freed_elsewhere). */
+ * carved that many (carve_count); a carve's worth of freed blocks
+ * (freed_elsewhere). */
 static inline size_t carve_batch(size_t bs) {
   size_t n = HAK_EXTEND_BYTES / bs;
   return n < 4 ? 4 : n;
+}
+
+/* Blocks the slab's next carve takes. Blocks over 1 KiB (fewer than 4 a
+ * page): as many as it has carved, up to the batch (1, 1, 2, then 4), so
+ * that a class a program uses once writes one page, not four (python3 -c
+ * pass: 19 faults fewer). */
+static inline size_t carve_count(const hak_slab_t *slab, size_t bs) {
+  size_t n = carve_batch(bs);
+  if (n > HAK_EXTEND_BYTES / bs && n > slab->reserved) n = slab->reserved ? slab->reserved : 1;
+  return n;
 }
 
 /* A big program carves pages by the thousand, and a fault each costs more
@@ -200,11 +211,7 @@ static void carve_populate(hak_segment_t *seg, hak_slab_t *slab, uintptr_t lo, u
 static hak_block_t *slab_carve(hak_slab_t *slab) {
   hak_segment_t *seg = hak_segment_of_slab(slab);
   size_t bs = slab->block_size;
-  size_t n = carve_batch(bs);
-  /* Blocks over 1 KiB (fewer than 4 a page): the slab's first carves take
-   * as many as it has carved (1, 1, 2, then 4), so that a class a program
-   * uses once writes one page, not four (python3 -c pass: 19 faults fewer). */
-  if (n > HAK_EXTEND_BYTES / bs && n > slab->reserved) n = slab->reserved ? slab->reserved : 1;
+  size_t n = carve_count(slab, bs);
   if (n > slab->capacity - slab->reserved) n = slab->capacity - slab->reserved;
   uint8_t *first = hak_slab_start(seg, slab) + (size_t)slab->reserved * bs;
   carve_populate(seg, slab, (uintptr_t)first, (uintptr_t)first + n * bs);
