@@ -748,6 +748,11 @@ static hak_block_t *transfer_pop(size_t c) {
 
 /* A draining heap's free of b, for span cache c. */
 static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
+  if (hak_opt.purge_delay_ms == 0) { /* no pass would ever give a waiting batch back */
+    hak_set_next(b, NULL);
+    give_list(b);
+    return;
+  }
   _Atomic(hak_block_t *) *open = &heap->drain_open[c];
   hak_block_t *head = atomic_load_explicit(open, memory_order_relaxed);
   if (head == NULL) heap->drain_count[c] = 0; /* done, or taken by the purger */
