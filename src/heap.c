@@ -324,8 +324,7 @@ static bool heir_yield(hak_heap_t *owner, uint64_t start, uint64_t bound) {
 /* Whether owner is parked, after the wait if there is one. */
 static bool heir_parked(hak_heap_t *owner) {
   if (__atomic_load_n(&owner->parked, __ATOMIC_RELAXED)) return true;
-  if (owner == &heap_first || !atomic_load_explicit(&hak_purge_running, memory_order_acquire))
-    return false;
+  if (owner == &heap_first || !hak_heaps_park()) return false;
   if (atomic_load_explicit(&heir_credit, memory_order_relaxed) <= 0 &&
       atomic_fetch_add_explicit(&heir_skips, 1, memory_order_relaxed) % HEIR_PROBE != 0)
     return __atomic_load_n(&owner->parked, __ATOMIC_RELAXED);
@@ -485,7 +484,7 @@ static void heap_park(hak_heap_t *heap) {
 
 void hak_heap_done(hak_heap_t *heap) {
   if (heap == HAK_HEAP_EMPTY) return;
-  if (atomic_load_explicit(&hak_purge_running, memory_order_acquire)) heap_park(heap);
+  if (hak_heaps_park()) heap_park(heap);
   else heap_retire(heap);
 }
 

@@ -676,6 +676,13 @@ HAK_INLINE void hak_purge_start(void) {
   if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
     hak_purge_start_slow();
 }
+/* Exiting threads park their heaps for the next new threads while the
+ * purger runs, which retires them after the delay; without a delay they
+ * retire at once, as without the purger. */
+HAK_INLINE bool hak_heaps_park(void) {
+  return hak_opt.purge_delay_ms != 0 &&
+         atomic_load_explicit(&hak_purge_running, memory_order_acquire);
+}
 /* Whether the program has grown within the purge delay: mapped new memory,
  * or (took) kept more of what it had than when the caller last looked (the
  * callers look at least once per pass). Free memory then waits

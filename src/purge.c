@@ -261,8 +261,18 @@ static bool thread_create(bool own_stack) {
 }
 
 void hak_purge_start_slow(void) {
-  if (!atomic_load_explicit(&wanted, memory_order_relaxed) || hak_opt.purge_delay_ms == 0) return;
-  if (hak_purge_in_calls_only()) {
+  if (!atomic_load_explicit(&wanted, memory_order_relaxed)) return;
+  if (hak_opt.purge_delay_ms == 0) {
+    /* All is purged as it is freed, but for the batches that a thread
+     * which only frees hands to the others (span.c's transfer): the passes
+     * give them back once they stop moving. A program of one thread has
+     * none, and gets no pass. */
+    if (hak_single_threaded()) return;
+    if (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed)) {
+      purge_inline();
+      return;
+    }
+  } else if (hak_purge_in_calls_only()) {
     purge_inline();
     return;
   }

@@ -329,6 +329,41 @@ TEST(without_a_delay_a_thread_that_only_frees_keeps_nothing) {
   run_child_with("--at-once-child", "HAKMEM_PURGE_DELAY_MS=0");
 }
 
+/* ...and in a program with threads, the batches of a thread that only
+ * frees wait for the others' refills, and go back once they stop moving:
+ * 2,000 blocks of 8-32 KiB written by the main thread and freed by another
+ * (32 MiB of them stayed for good before the purger ran without a delay). */
+enum { HANDED_BLOCKS = 2000 };
+static void *free_handed(void *arg) {
+  drain(arg, HANDED_BLOCKS);
+  return NULL;
+}
+
+static int at_once_threads_child(void) {
+  long start = th_vm_rss_kib();
+  void **a = malloc(HANDED_BLOCKS * sizeof *a);
+  for (int i = 0; i < HANDED_BLOCKS; i++) {
+    size_t size = 8192 + (size_t)i * 7919 % 24576;
+    a[i] = malloc(size);
+    memset(a[i], 1, size);
+  }
+  long full = th_vm_rss_kib();
+  pthread_t t;
+  if (pthread_create(&t, NULL, free_handed, a) != 0) return 3;
+  pthread_join(t, NULL);
+  long freed = th_vm_rss_kib();
+  sleep_ms(300); /* no call from here on */
+  long later = th_vm_rss_kib();
+  printf("    VmRSS: start %ld, full %ld, freed %ld, 300 ms later %ld KiB\n", start, full, freed,
+         later);
+  if (full - start < 30 * 1024) return 2;
+  return later - start < 2048 ? 0 : 1;
+}
+
+TEST(without_a_delay_the_batches_a_thread_hands_on_go_back_once_idle) {
+  run_child_with("--at-once-threads-child", "HAKMEM_PURGE_DELAY_MS=0");
+}
+
 /* Once a process has had a second thread, glibc locks its stdio and
  * libstdc++ counts shared_ptr references with atomics: a program of one
  * thread that frees what it allocates must not get a thread from hakmem
@@ -723,5 +758,6 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--fork-pages-child") == 0) return fork_pages_child();
   if (argc > 1 && strcmp(argv[1], "--first-carve-child") == 0) return first_carve_child();
   if (argc > 1 && strcmp(argv[1], "--at-once-child") == 0) return at_once_child();
+  if (argc > 1 && strcmp(argv[1], "--at-once-threads-child") == 0) return at_once_threads_child();
   return th_main("introspect", argc, argv);
 }
