@@ -265,8 +265,8 @@ void hak_purge_start_slow(void) {
   if (hak_opt.purge_delay_ms == 0) {
     /* All is purged as it is freed, but for the batches that a thread
      * which only frees hands to the others (span.c's transfer): the passes
-     * give them back once they stop moving. A program of one thread has
-     * none, and gets no pass. */
+     * give them back once they stop moving. A program of one thread hands
+     * none on (span.c's drain_add) and gets no pass. */
     if (hak_single_threaded()) return;
     if (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed)) {
       purge_inline();

@@ -749,11 +749,12 @@ static hak_block_t *transfer_pop(size_t c) {
   return batch;
 }
 
-/* A draining heap's free of b, for span cache c. Without a delay no pass
- * ever gives a waiting batch back; a program of one thread has no other
- * thread to take it either, so its blocks go back at once, as every span
- * page does then (a pipeline's batches wait: lowmem's xmalloc 1p1c of
- * 8-32 KiB ran 163x slower without them). */
+/* A draining heap's free of b, for span cache c. Without a delay, a
+ * program of one thread has no other thread to take a batch and gets no
+ * pass to give it back: its blocks go back at once, as every span page
+ * does then. With threads they wait for the others' refills and the
+ * purger's passes (given back at once, lowmem's xmalloc 1p1c of 8-32 KiB
+ * ran 163x slower). */
 static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
   if (hak_opt.purge_delay_ms == 0 && hak_single_threaded()) {
     hak_set_next(b, NULL);
