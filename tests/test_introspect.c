@@ -310,9 +310,10 @@ TEST(a_program_that_purges_in_its_calls_gives_back_large_blocks_at_free) {
 }
 
 /* Without a delay (HAKMEM_PURGE_DELAY_MS=0, the lowmem profile) every span
- * page freed goes back at once, and no pass ever comes: so do the blocks
- * of a thread that only frees, which with a delay wait for other threads'
- * refills (8 MiB of 16,000 B and 14 MiB of 350,000 B kept 7.7 MiB before). */
+ * page freed goes back at once, and a program of one thread gets no pass:
+ * so do the blocks of a thread that only frees, which with a delay wait for
+ * other threads' refills (8 MiB of 16,000 B and 14 MiB of 350,000 B kept
+ * 7.7 MiB before). */
 static int at_once_child(void) {
   long start = th_vm_rss_kib();
   void **small = fill(512, 16000), **big = fill(40, 350000);
