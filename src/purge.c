@@ -260,14 +260,17 @@ static bool thread_create(bool own_stack) {
   return done;
 }
 
+bool hak_purge_all_at_once(void) {
+  return hak_opt.purge_delay_ms == 0 && hak_single_threaded();
+}
+
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed)) return;
   if (hak_opt.purge_delay_ms == 0) {
     /* All is purged as it is freed, but for the batches that a thread
      * which only frees hands to the others (span.c's transfer): the passes
-     * give them back once they stop moving. A program of one thread hands
-     * none on (span.c's drain_add) and gets no pass. */
-    if (hak_single_threaded()) return;
+     * give them back once they stop moving. */
+    if (hak_purge_all_at_once()) return;
     if (!hak_opt.purge_thread || atomic_load_explicit(&thread_refused, memory_order_relaxed)) {
       purge_inline();
       return;

@@ -749,14 +749,11 @@ static hak_block_t *transfer_pop(size_t c) {
   return batch;
 }
 
-/* A draining heap's free of b, for span cache c. Without a delay, a
- * program of one thread has no other thread to take a batch and gets no
- * pass to give it back: its blocks go back at once, as every span page
- * does then. With threads they wait for the others' refills and the
- * purger's passes (given back at once, lowmem's xmalloc 1p1c of 8-32 KiB
- * ran 163x slower). */
+/* A draining heap's free of b, for span cache c: b joins a batch for the
+ * other threads' refills, but where no other thread would take it and no
+ * pass would give it back (hak_purge_all_at_once). */
 static void drain_add(hak_heap_t *heap, size_t c, hak_block_t *b) {
-  if (hak_opt.purge_delay_ms == 0 && hak_single_threaded()) {
+  if (hak_purge_all_at_once()) {
     hak_set_next(b, NULL);
     give_list(b);
     return;
