@@ -676,13 +676,6 @@ HAK_INLINE void hak_purge_start(void) {
   if (HAK_UNLIKELY(!atomic_load_explicit(&hak_purge_started, memory_order_relaxed)))
     hak_purge_start_slow();
 }
-/* Without a delay, a program of one thread gives back at once all it
- * frees, even the blocks a thread that only frees would hand on to the
- * others (span.c's drain_add), and so needs no pass (hak_purge_start_slow).
- * With threads those blocks wait for the others' refills and the purger's
- * passes: given back at once, lowmem's xmalloc 1p1c of 8-32 KiB ran 163x
- * slower. */
-bool hak_purge_all_at_once(void);
 /* Exiting threads park their heaps for the next new threads while the
  * purger runs, which retires them after the delay; without a delay they
  * retire at once, as without the purger. */
@@ -726,6 +719,15 @@ void hak_process_init(void);
 /* The program has never created a thread (glibc's __libc_single_threaded;
  * false without it). */
 bool hak_single_threaded(void);
+/* Without a purge delay, a program of one thread gives back at once all
+ * it frees, even the blocks a thread that only frees would hand on to the
+ * others (span.c's drain_add), and so needs no pass (hak_purge_start_slow).
+ * With threads those blocks wait for the others' refills and the purger's
+ * passes: given back at once, lowmem's xmalloc 1p1c of 8-32 KiB ran 163x
+ * slower. Inline: drain_add asks on every free of a draining heap. */
+HAK_INLINE bool hak_purge_all_at_once(void) {
+  return hak_opt.purge_delay_ms == 0 && hak_single_threaded();
+}
 extern pthread_key_t hak_thread_key;
 extern _Atomic int hak_key_ready;
 

@@ -260,10 +260,6 @@ static bool thread_create(bool own_stack) {
   return done;
 }
 
-bool hak_purge_all_at_once(void) {
-  return hak_opt.purge_delay_ms == 0 && hak_single_threaded();
-}
-
 void hak_purge_start_slow(void) {
   if (!atomic_load_explicit(&wanted, memory_order_relaxed)) return;
   if (hak_opt.purge_delay_ms == 0) {
