@@ -423,6 +423,12 @@ size_t hak_span_usable_size(hak_segment_t *seg, const void *p); /* checks p */
 /* The heap's caches go back to the page heap (collect, and at its
  * thread's exit); when it retires, their growth too. */
 void hak_span_flush(hak_heap_t *heap);
+/* A slab of the heap's thread is about to fault in new pages: the heap's
+ * caches of the classes over 256 KiB, which hold one block each, give
+ * theirs back to the OS, so that a block the program has left there (a
+ * hash table's old buckets) is not held beside the small blocks that grow
+ * in its stead. */
+void hak_span_slab_grows(hak_heap_t *heap);
 void hak_span_heap_done(hak_heap_t *heap);
 void hak_span_heap_retire(hak_heap_t *heap);
 void hak_span_heap_init(hak_heap_t *heap); /* a new heap's cache bounds */

@@ -649,7 +649,10 @@ static HAK_NOINLINE bool heap_refill(hak_heap_t *heap, size_t cls) {
     heap->releases_in_row = 0;
     if (slab) hak_slab_init(slab, cls); /* the purge may look at a dirty tail */
     pthread_mutex_unlock(&heap->lock);
-    if (new_pages) hak_heaps_trim_empty(); /* its pages for those this slab takes */
+    if (new_pages) { /* its pages for those this slab takes */
+      hak_heaps_trim_empty();
+      if (slab) hak_span_slab_grows(heap);
+    }
     if (slab == NULL) {
       if (adopted) continue;
       /* Out of memory: once, give back what waits for a purge, in a cache

@@ -2422,6 +2422,27 @@ TEST(freed_span_pages_serve_a_block_of_another_size) {
   free(guard);
 }
 
+/* A span block left in its cache (the only one of its class, as a hash
+ * table's old buckets) goes back to the OS once slabs fault in new pages:
+ * the small blocks that grow in its stead are not held beside it. */
+TEST(slabs_taking_new_pages_purge_a_span_block_left_in_a_cache) {
+  hak_opt.purge_delay_ms = 100000; /* no purge by time */
+  flush_span_caches();
+  hak_release_all(); /* the slabs' free units too: taking one faults */
+  uint8_t *left = malloc(300000);
+  REQUIRE(left);
+  memset(left, 1, 300000);
+  free(left);
+  size_t cls = hak_size_class(300000 + HAK_CANARY);
+  REQUIRE(hak_span_count(hak_tls_heap, cls) + hak_span_count(hak_tls_heap, hak_span_at_page(cls)) == 1);
+  enum { SMALL = 20000 };
+  static void *small[SMALL];
+  for (int i = 0; i < SMALL; i++) REQUIRE((small[i] = malloc(48)) != NULL);
+  int resident = resident_pages(page_start(left) + 4096, 64 * 4096);
+  CHECK_MSG(resident == 0, "%d of 64 pages of the span block still resident", resident);
+  for (int i = 0; i < SMALL; i++) free(small[i]);
+}
+
 /* Blocks *a and *b, of sizes sa and sb, in a row from a fresh run (the
  * page heap emptied first, each class's first fill one block), and a guard
  * of sa after them; a and b written and freed, a first if a_first, and the
