@@ -126,7 +126,7 @@ static size_t pool_total;
  * that faults in new pages has that block purged (hak_span_slab_grows): a
  * hash table's rehashes left an old bucket array in each, which stayed
  * committed while its nodes grew (cxx_containers umap over 100,000 keys,
- * 5.9-6.1 MiB against mimalloc's 5.5; 5.7-5.8 since). Purged in the
+ * 5.8-5.9 MiB against mimalloc's 5.2-5.4; 5.6 since). Purged in the
  * classes over 64 KiB too, they faulted in again for a loop of 64-256 KiB
  * blocks (12.6 MiB against 11.2) and one over a batch of buffers (0.87x
  * the speed). */
