@@ -931,18 +931,22 @@ static void caches_give(hak_heap_t *heap, uint64_t mask, bool purge) {
   hak_purge_wake();
 }
 
-void hak_span_flush(hak_heap_t *heap) {
+/* The heap's caches that hold blocks of over `above` bytes (caches_give's mask). */
+static uint64_t caches_held(const hak_heap_t *heap, size_t above) {
   uint64_t mask = 0;
   for (size_t c = 0; c < HAK_SPAN_CACHES; c++)
-    if (heap->free[HAK_SLAB_CLASSES + c]) mask |= UINT64_C(1) << c;
+    if (heap->free[HAK_SLAB_CLASSES + c] && hak_class_size[HAK_SLAB_CLASSES + c] > above)
+      mask |= UINT64_C(1) << c;
+  return mask;
+}
+
+void hak_span_flush(hak_heap_t *heap) {
+  uint64_t mask = caches_held(heap, 0);
   if (mask) caches_give(heap, mask, false);
 }
 
 void hak_span_slab_grows(hak_heap_t *heap) {
-  uint64_t mask = 0;
-  for (size_t c = 0; c < HAK_SPAN_CACHES; c++)
-    if (heap->free[HAK_SLAB_CLASSES + c] && hak_class_size[HAK_SLAB_CLASSES + c] > CACHE_GROW_MAX)
-      mask |= UINT64_C(1) << c;
+  uint64_t mask = caches_held(heap, CACHE_GROW_MAX);
   if (mask) caches_give(heap, mask, true);
 }
 
