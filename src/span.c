@@ -124,7 +124,7 @@ static size_t pool_total;
  * 256 KiB-4 MiB at 360 against 344, and a producer handing 256 KiB-1 MiB
  * blocks to a consumer at 16.3 against 11.3 MiB, 0.81x as fast. A slab
  * that faults in new pages has that block purged (hak_span_slab_grows): a
- * hash table's rehashes left an old bucket array in each, which stayed
+ * hash table's rehashes left an old bucket array in one, which stayed
  * committed while its nodes grew (cxx_containers umap over 100,000 keys,
  * 5.8-5.9 MiB against mimalloc's 5.2-5.4; 5.6 since). Purged in the
  * classes over 64 KiB too, they faulted in again for a loop of 64-256 KiB
