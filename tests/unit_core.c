@@ -2434,7 +2434,7 @@ TEST(slabs_taking_new_pages_purge_a_span_block_left_in_a_cache) {
   memset(left, 1, 300000);
   free(left);
   size_t cls = hak_size_class(300000 + HAK_CANARY);
-  REQUIRE(hak_span_count(hak_tls_heap, cls) + hak_span_count(hak_tls_heap, hak_span_at_page(cls)) == 1);
+  REQUIRE(cache_counted(cls) + cache_counted(hak_span_at_page(cls)) == 1);
   enum { SMALL = 20000 };
   static void *small[SMALL];
   for (int i = 0; i < SMALL; i++) REQUIRE((small[i] = malloc(48)) != NULL);
